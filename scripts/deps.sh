@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian packages hapair's tests (default), lab or benchmarks need.
+# Usage: scripts/deps.sh [test|lab|bench]...   Idempotent: installs only what is missing.
+set -euo pipefail
+declare -A sets=(
+  [test]="postgresql-15 haproxy prometheus ansible ansible-lint systemd iproute2 iptables patroni python3-etcd"
+  [lab]="postgresql-15 patroni python3-etcd iproute2 iptables procps"
+  [bench]="haproxy nginx-light wrk etcd-server rsync lsyncd procps"
+)
+want=()
+for s in "${@:-test}"; do
+  [ -n "${sets[$s]+x}" ] || { echo "deps.sh: unknown set $s (test, lab, bench)" >&2; exit 2; }
+  want+=(${sets[$s]})
+done
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "deps.sh: installing ${missing[*]}" >&2
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
