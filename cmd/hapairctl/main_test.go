@@ -1,0 +1,111 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hapair/hapair/internal/etcdtest"
+	"github.com/hapair/hapair/roled"
+)
+
+func runCtl(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(context.Background(), &env{stdout: &out, stderr: &errb}, args)
+	return code, out.String(), errb.String()
+}
+
+func TestCheck(t *testing.T) {
+	role := "active"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/role" {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(roled.Status{Node: "A", Role: role, Epoch: 42, Reason: "primary"})
+	}))
+	defer srv.Close()
+	if code, out, _ := runCtl(t, "check", "--url", srv.URL); code != 0 || !strings.Contains(out, "epoch 42") {
+		t.Fatalf("active: exit %d, out %q", code, out)
+	}
+	role = "passive"
+	if code, _, _ := runCtl(t, "check", "--url", srv.URL, "-q"); code != 1 {
+		t.Fatalf("passive: exit %d, want 1", code)
+	}
+	srv.Close()
+	code, _, errs := runCtl(t, "check", "--url", srv.URL)
+	if code != 1 || !strings.Contains(errs, "cannot reach roled") {
+		t.Fatalf("unreachable: exit %d, stderr %q", code, errs)
+	}
+	if code, _, _ := runCtl(t, "nosuch"); code != 2 {
+		t.Fatalf("unknown command: exit %d, want 2", code)
+	}
+}
+
+// TestConfigSections checks that ctl.yaml may hold other subcommands'
+// sections next to the keys check and ack use.
+func TestConfigSections(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "ctl.yaml")
+	doc := "cluster: prod\netcd: {endpoints: [\"http://10.0.0.1:2379\"]}\nlb: {admin: \"http://127.0.0.1:7480\"}\n"
+	if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := ctlFlags{path: p}
+	cfg, err := f.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.prefix() != "/hapair/prod/" || cfg.Etcd.Endpoints[0] != "http://10.0.0.1:2379" {
+		t.Fatalf("cfg = %+v", cfg)
+	}
+	var lb struct {
+		Admin string `yaml:"admin"`
+	}
+	if err := cfg.Section("lb", &lb); err != nil || lb.Admin != "http://127.0.0.1:7480" {
+		t.Fatalf("lb section = %+v, %v", lb, err)
+	}
+}
+
+func TestAck(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real etcd; skipped with -short")
+	}
+	c := etcdtest.New(t)
+	cli := c.Client(t)
+	eps := strings.Join(c.Endpoints(), ",")
+	if code, _, errs := runCtl(t, "ack", "--endpoints", eps, "--node", "A"); code != 1 || !strings.Contains(errs, "no unacknowledged") {
+		t.Fatalf("no alarm: exit %d, stderr %q", code, errs)
+	}
+	a := roled.TakeoverAlarm{Member: "A", PreviousValue: "B", LeaderKey: "/service/hapair/leader",
+		CreateRevision: 32, ModRevision: 67, Version: 2, DetectedBy: "B", DetectedAt: time.Now()}
+	b, _ := json.Marshal(a)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	key := roled.AlarmPrefix(roled.Prefix("hapair")) + "A"
+	if _, err := cli.Put(ctx, key, string(b)); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runCtl(t, "ack", "--endpoints", eps, "--node", "A")
+	if code != 0 || !strings.Contains(out, "A took Patroni's leader key from B") {
+		t.Fatalf("ack: exit %d, out %q, stderr %q", code, out, errs)
+	}
+	resp, err := cli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("alarm key after ack: %v", err)
+	}
+	var got roled.TakeoverAlarm
+	if err := json.Unmarshal(resp.Kvs[0].Value, &got); err != nil || !got.Acked || got.AckedBy == "" {
+		t.Fatalf("alarm after ack = %+v (%v)", got, err)
+	}
+	if code, _, _ := runCtl(t, "ack", "--endpoints", eps); code != 1 {
+		t.Fatalf("second ack: exit %d, want 1 (nothing left)", code)
+	}
+}

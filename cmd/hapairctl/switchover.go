@@ -1,0 +1,32 @@
+package main
+
+import (
+	"context"
+	"flag"
+
+	"github.com/hapair/hapair/ctl"
+)
+
+func init() {
+	register(command{name: "switchover", summary: "planned switchover via Patroni, followed until the balancer serves the new node", run: runSwitchover})
+}
+
+// runSwitchover asks Patroni for a planned switchover and follows it until
+// the balancer serves from the new node, printing each step with its time.
+func runSwitchover(ctx context.Context, e *env, args []string) int {
+	fs := flag.NewFlagSet("switchover", flag.ContinueOnError)
+	to := fs.String("to", "", "node that becomes primary and ACTIVE (required)")
+	cfg, code, ok := loadCtl(fs, e, args)
+	if !ok {
+		return code
+	}
+	if *to == "" {
+		e.errorf("switchover", "--to NODE is required")
+		return 2
+	}
+	if _, err := ctl.NewClient(cfg, nil, nil).Switchover(ctx, *to, e.stdout); err != nil {
+		e.errorf("switchover", "%v", err)
+		return 1
+	}
+	return 0
+}

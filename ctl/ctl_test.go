@@ -1,0 +1,249 @@
+package ctl
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hapair/hapair/internal/config"
+	"github.com/hapair/hapair/internal/etcdtest"
+)
+
+func TestAnalyzeDowntime(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	mk := func(ms int, ok bool, node string) Sample {
+		return Sample{Start: at(ms), End: at(ms + 10), OK: ok, Node: node}
+	}
+	samples := []Sample{
+		mk(0, true, "a"), mk(50, false, ""), mk(100, false, ""), mk(150, true, "b"),
+		mk(200, false, ""), mk(250, true, "b"), mk(300, true, "b"), mk(350, true, "b"),
+	}
+	r := Analyze(samples, t0)
+	if r.Failed != 3 || r.Total != 8 {
+		t.Fatalf("failed/total = %d/%d, want 3/8", r.Failed, r.Total)
+	}
+	// First failure at 50 ms; the first of three consecutive successes
+	// starts at 250 ms and ends at 260 ms.
+	if want := 210 * time.Millisecond; r.Downtime != want {
+		t.Errorf("downtime = %v, want %v", r.Downtime, want)
+	}
+	if r.Outages != 1 || r.TotalDown != r.Downtime {
+		t.Errorf("outages %d total %v", r.Outages, r.TotalDown)
+	}
+	two := append(append([]Sample{}, samples...), mk(400, false, ""), mk(450, true, "b"), mk(500, true, "b"), mk(550, true, "b"))
+	if r2 := Analyze(two, t0); r2.Outages != 2 || r2.TotalDown != r.Downtime+60*time.Millisecond {
+		t.Errorf("two outages: %d, total %v", r2.Outages, r2.TotalDown)
+	}
+	if r.FirstOK["b"] != 160*time.Millisecond || r.PerNode["b"] != 4 {
+		t.Errorf("first ok b = %v, per node %v", r.FirstOK["b"], r.PerNode)
+	}
+	if got := Analyze(samples[:1], t0); got.Downtime != 0 || got.Failed != 0 {
+		t.Errorf("no failure: %+v", got)
+	}
+}
+
+func TestConfigValidateNamesField(t *testing.T) {
+	cases := map[string]func(c *Config){
+		"nodes[1].name":         func(c *Config) { c.Nodes = append(c.Nodes, c.Nodes[0]) },
+		"nodes[0].patroni-url":  func(c *Config) { c.Nodes[0].PatroniURL = "ftp://x" },
+		"lb.admin-url":          func(c *Config) { c.LB.AdminURL = "nope" },
+		"drill.probe-interval":  func(c *Config) { c.Drill.ProbeInterval = 0 },
+		"etcd.endpoints":        func(c *Config) { c.Etcd.Endpoints = nil },
+		"key-prefix":            func(c *Config) { c.KeyPrefix = "/x" },
+		"nodes[0].roled-url":    func(c *Config) { c.Nodes[0].RoledURL = "x" },
+		"drill.phase-timeout":   func(c *Config) { c.Drill.PhaseTimeout = -1 },
+		"timeout":               func(c *Config) { c.Timeout = 0 },
+		"cluster":               func(c *Config) { c.Cluster = "" },
+		"lb.url":                func(c *Config) { c.LB.URL = ":80" },
+		"nodes[0].patroni-url ": func(c *Config) { c.Nodes[0].PatroniURL = "" },
+	}
+	for field, mutate := range cases {
+		c := DefaultConfig()
+		c.Nodes = []Node{{Name: "a", PatroniURL: "http://127.0.0.1:8008"}}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("base config: %v", err)
+		}
+		mutate(&c)
+		err := c.Validate()
+		var fe *config.FieldError
+		if !errors.As(err, &fe) || fe.Field != strings.TrimSpace(field) {
+			t.Errorf("%s: got %v", field, err)
+		}
+	}
+}
+
+func TestExampleConfigLoads(t *testing.T) {
+	cfg := DefaultConfig()
+	if err := config.Load("../examples/ctl.yaml", &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Etcd.TLS = config.TLS{} // the example's certificate files do not exist here
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Nodes) != 2 || cfg.Nodes[1].Member() != "B" || cfg.LeaderKey() != "/service/hapair/leader" {
+		t.Errorf("example: %+v", cfg)
+	}
+}
+
+func TestCertsMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	hosts := []CertHost{{Name: "a", SANs: []string{"a", "127.0.0.1"}}, {Name: "b", SANs: []string{"127.0.0.1"}}}
+	written, err := Certs(dir, hosts, time.Hour, false)
+	if err != nil || len(written) != 2 {
+		t.Fatalf("certs: %v %v", written, err)
+	}
+	// A second run keeps the CA and the existing host certificates.
+	ca1, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	if w, err := Certs(dir, append(hosts, CertHost{Name: "c"}), time.Hour, false); err != nil || len(w) != 1 {
+		t.Fatalf("second run: %v %v", w, err)
+	}
+	if ca2, _ := os.ReadFile(filepath.Join(dir, "ca.pem")); !bytes.Equal(ca1, ca2) {
+		t.Fatal("CA was replaced")
+	}
+	server := config.TLS{CertFile: filepath.Join(dir, "a.pem"), KeyFile: filepath.Join(dir, "a-key.pem"),
+		CAFile: filepath.Join(dir, "ca.pem")}
+	sc, err := server.ServerConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
+	srv.TLS = sc
+	srv.StartTLS()
+	defer srv.Close()
+	client := config.TLS{CertFile: filepath.Join(dir, "b.pem"), KeyFile: filepath.Join(dir, "b-key.pem"),
+		CAFile: filepath.Join(dir, "ca.pem")}
+	cc, err := client.ClientConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: cc}}
+	resp, err := hc.Get(srv.URL)
+	if err != nil {
+		t.Fatalf("mutual TLS with issued certs: %v", err)
+	}
+	resp.Body.Close()
+	// Without a client certificate the server refuses.
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	pool.AppendCertsFromPEM(caPEM)
+	bare := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	if resp, err := bare.Get(srv.URL); err == nil {
+		resp.Body.Close()
+		t.Fatal("request without a client certificate was accepted")
+	}
+	if _, err := ParseCertHost("bad name=1.2.3.4"); err == nil {
+		t.Error("ParseCertHost accepted a name with a space")
+	}
+}
+
+// fakeCluster serves Patroni, roled and lb admin answers for one leader.
+type fakeCluster struct {
+	leader atomic.Value // string
+}
+
+func (f *fakeCluster) patroni(w http.ResponseWriter, r *http.Request) {
+	l := f.leader.Load().(string)
+	switch r.URL.Path {
+	case "/cluster":
+		ms := []PatroniMember{{Name: "a", Role: "replica", State: "running"}, {Name: "b", Role: "replica", State: "running"}}
+		for i := range ms {
+			if ms[i].Name == l {
+				ms[i].Role = "leader"
+			}
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"members": ms})
+	case "/switchover":
+		var body map[string]string
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		if body["leader"] != l {
+			http.Error(w, "not the leader", http.StatusPreconditionFailed)
+			return
+		}
+		f.leader.Store(body["candidate"])
+		_, _ = w.Write([]byte("Successfully switched over"))
+	}
+}
+
+func (f *fakeCluster) roled(node string) http.HandlerFunc {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		role, epoch := "passive", int64(0)
+		if f.leader.Load().(string) == node {
+			role, epoch = "active", 7
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"node": node, "role": role, "epoch": epoch})
+	}
+}
+
+func (f *fakeCluster) lb(w http.ResponseWriter, _ *http.Request) {
+	l := f.leader.Load().(string)
+	servers := []LBServer{{Name: "a", State: "DOWN"}, {Name: "b", State: "DOWN"}}
+	for i := range servers {
+		if servers[i].Name == l {
+			servers[i].State, servers[i].Eligible = "UP", true
+		}
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"backends": []map[string]any{{"name": "app", "servers": servers}}})
+}
+
+func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
+	etcd := etcdtest.New(t)
+	f := &fakeCluster{}
+	f.leader.Store("a")
+	pat := httptest.NewServer(http.HandlerFunc(f.patroni))
+	defer pat.Close()
+	ra, rb := httptest.NewServer(f.roled("a")), httptest.NewServer(f.roled("b"))
+	defer ra.Close()
+	defer rb.Close()
+	lb := httptest.NewServer(http.HandlerFunc(f.lb))
+	defer lb.Close()
+	cfg := DefaultConfig()
+	cfg.Etcd.Endpoints = etcd.Endpoints()
+	cfg.Nodes = []Node{{Name: "a", PatroniURL: pat.URL, RoledURL: ra.URL}, {Name: "b", PatroniURL: pat.URL, RoledURL: rb.URL}}
+	cfg.LB.AdminURL = lb.URL
+	cfg.Drill.PhaseTimeout = 5 * time.Second
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cli := etcd.Client(t)
+	ctx := context.Background()
+	if _, err := cli.Put(ctx, cfg.Prefix()+"alarm/takeover/a", `{"member":"a"}`); err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(cfg, nil, nil)
+	st := c.Status(ctx)
+	if len(st.Etcd) != 3 || len(st.Patroni) != 2 || len(st.Roled) != 2 || len(st.Alarms) != 1 {
+		t.Fatalf("status: %+v", st)
+	}
+	var buf bytes.Buffer
+	if err := st.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"ETCD MEMBER", "PATRONI MEMBER", "ROLED NODE", "BALANCER BACKEND", "ACTIVE", "ALARM", "hapairctl ack"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, buf.String())
+		}
+	}
+	res, err := c.Switchover(ctx, "b", &buf)
+	if err != nil {
+		t.Fatalf("switchover: %v\n%s", err, buf.String())
+	}
+	if res.From != "a" || res.LBServing == 0 || res.RoledActive == 0 {
+		t.Errorf("switchover result %+v", res)
+	}
+	if _, err := c.Switchover(ctx, "b", &buf); err == nil {
+		t.Error("switchover to the current leader succeeded")
+	}
+}

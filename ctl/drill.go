@@ -1,0 +1,206 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"time"
+)
+
+// DrillPhase is one "lose a node, bring it back" round.
+type DrillPhase struct {
+	Victim, Survivor string
+	Started          time.Time // the stop command ran
+	// Times from the stop command.
+	PatroniLeader time.Duration // survivor's Patroni holds the leader lock
+	RoledActive   time.Duration // survivor's roled is ACTIVE
+	LBServing     time.Duration // the balancer serves only the survivor
+	FirstWrite    time.Duration // first successful write through the lb served by the survivor
+	Rejoined      time.Duration // victim back as replica + PASSIVE (from its start command)
+	Probe         ProbeReport
+	Failures      []string
+}
+
+// OK reports whether every check of the phase passed.
+func (p DrillPhase) OK() bool { return len(p.Failures) == 0 }
+
+func (p *DrillPhase) fail(format string, args ...any) {
+	p.Failures = append(p.Failures, fmt.Sprintf(format, args...))
+}
+
+// Drill stops the current primary's node hard, checks the other takes over,
+// brings it back, checks it rejoins as replica + PASSIVE without disturbing
+// the new ACTIVE; then the same the other way round.
+func (c *Client) Drill(ctx context.Context, w io.Writer) ([]DrillPhase, error) {
+	var phases []DrillPhase
+	for i := 0; i < 2; i++ {
+		victim, err := c.Leader(ctx)
+		if err != nil {
+			return phases, err
+		}
+		p := c.drillPhase(ctx, victim, w)
+		phases = append(phases, p)
+		if !p.OK() {
+			return phases, fmt.Errorf("drill phase %s lost: %v", victim, p.Failures)
+		}
+	}
+	return phases, nil
+}
+
+func (c *Client) other(name string) (Node, bool) {
+	for _, n := range c.Cfg.Nodes {
+		if n.Name != name {
+			return n, true
+		}
+	}
+	return Node{}, false
+}
+
+func (c *Client) drillPhase(ctx context.Context, victimName string, w io.Writer) DrillPhase {
+	victim, _ := c.Cfg.Node(victimName)
+	survivor, ok := c.other(victimName)
+	p := DrillPhase{Victim: victimName, Survivor: survivor.Name}
+	if c.Cfg.LB.URL == "" {
+		p.fail("lb.url is needed: the drill probes writes through the balancer")
+		return p
+	}
+	if !ok || victim.StopCommand == "" || victim.StartCommand == "" {
+		p.fail("node %s needs a survivor, stop-command and start-command", victimName)
+		return p
+	}
+	st := &Steps{W: w, Start: time.Now()}
+	probe := c.NewProbe(c.Cfg.Drill.ProbeInterval)
+	pctx, stopProbe := context.WithCancel(ctx)
+	probeDone := make(chan struct{})
+	go func() { probe.Run(pctx); close(probeDone) }()
+	finish := func() {
+		stopProbe()
+		<-probeDone
+		p.Probe = Analyze(probe.Samples(), st.Start)
+		if t, ok := p.Probe.FirstOK[survivor.Name]; ok {
+			p.FirstWrite = t
+		}
+		st.Printf("probe: %s", p.Probe)
+	}
+	time.Sleep(c.Cfg.Drill.ProbeInterval * 4) // a few writes before the fault
+	st.Start = time.Now()
+	p.Started = st.Start
+	st.Printf("stop %s: %s", victim.Name, victim.StopCommand)
+	if err := runAction(ctx, victim.StopCommand); err != nil {
+		p.fail("stop command: %v", err)
+		finish()
+		return p
+	}
+	if err := c.waitTakeover(ctx, st, survivor, &p); err != nil {
+		p.fail("%v", err)
+		finish()
+		return p
+	}
+	epoch := c.Roled(ctx, survivor).Epoch
+	back := time.Now()
+	st.Printf("start %s: %s", victim.Name, victim.StartCommand)
+	if err := runAction(ctx, victim.StartCommand); err != nil {
+		p.fail("start command: %v", err)
+	} else if err := c.waitRejoin(ctx, st, victim, survivor, epoch); err != nil {
+		p.fail("%v", err)
+	} else {
+		p.Rejoined = time.Since(back)
+	}
+	time.Sleep(c.Cfg.Drill.Settle)
+	finish()
+	for _, s := range probe.Samples() {
+		if s.OK && s.Node == victim.Name && s.End.Sub(st.Start) > p.FirstWrite && p.FirstWrite > 0 {
+			p.fail("write %d served by %s after %s took over", s.ID, victim.Name, survivor.Name)
+			break
+		}
+	}
+	return p
+}
+
+func runAction(ctx context.Context, command string) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", command)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	return cmd.Run()
+}
+
+func (c *Client) waitTakeover(ctx context.Context, st *Steps, survivor Node, p *DrillPhase) error {
+	deadline := time.Now().Add(c.Cfg.Drill.PhaseTimeout)
+	for time.Now().Before(deadline) {
+		if p.PatroniLeader == 0 {
+			if l, err := c.Leader(ctx); err == nil && l == survivor.Name {
+				p.PatroniLeader = time.Since(st.Start)
+				st.Printf("Patroni leader is %s", survivor.Name)
+			}
+		}
+		if p.RoledActive == 0 && (survivor.RoledURL == "" || c.Roled(ctx, survivor).Role == "active") {
+			p.RoledActive = time.Since(st.Start)
+			st.Printf("roled on %s ACTIVE", survivor.Name)
+		}
+		if p.LBServing == 0 && c.lbServesOnly(ctx, survivor.Name) {
+			p.LBServing = time.Since(st.Start)
+			st.Printf("balancer serves from %s", survivor.Name)
+		}
+		if p.PatroniLeader > 0 && p.RoledActive > 0 && p.LBServing > 0 {
+			return nil
+		}
+		if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("%s did not take over within %s", survivor.Name, c.Cfg.Drill.PhaseTimeout)
+}
+
+// waitRejoin waits until victim is a running replica and PASSIVE, and checks
+// the survivor stays ACTIVE with the same epoch meanwhile.
+func (c *Client) waitRejoin(ctx context.Context, st *Steps, victim, survivor Node, epoch int64) error {
+	deadline := time.Now().Add(c.Cfg.Drill.PhaseTimeout)
+	for time.Now().Before(deadline) {
+		if r := c.Roled(ctx, survivor); survivor.RoledURL != "" && (r.Role != "active" || r.Epoch != epoch) {
+			return fmt.Errorf("%s disturbed while %s came back: role %s epoch %d (was %d)",
+				survivor.Name, victim.Name, r.Role, r.Epoch, epoch)
+		}
+		replica := false
+		for _, m := range c.patroniCluster(ctx) {
+			if m.Name == victim.Member() && m.Role == "replica" && (m.State == "running" || m.State == "streaming") {
+				replica = true
+			}
+		}
+		if replica && (victim.RoledURL == "" || c.Roled(ctx, victim).Role == "passive") {
+			st.Printf("%s rejoined as replica + PASSIVE", victim.Name)
+			return nil
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return errors.New(victim.Name + " did not rejoin as replica + PASSIVE in time")
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+// WriteDrillReport prints the phases as a table.
+func WriteDrillReport(w io.Writer, phases []DrillPhase) {
+	fmt.Fprintf(w, "%-8s %-8s %9s %9s %9s %9s %7s %9s %9s %s\n", "LOST", "TAKEOVER", "PATRONI", "ACTIVE", "LB", "1ST WRITE",
+		"FAILED", "DOWNTIME", "REJOINED", "RESULT")
+	for _, p := range phases {
+		res := "ok"
+		if !p.OK() {
+			res = fmt.Sprint(p.Failures)
+		}
+		fmt.Fprintf(w, "%-8s %-8s %8.2fs %8.2fs %8.2fs %8.2fs %7d %8.2fs %8.2fs %s\n", p.Victim, p.Survivor,
+			p.PatroniLeader.Seconds(), p.RoledActive.Seconds(), p.LBServing.Seconds(), p.FirstWrite.Seconds(),
+			p.Probe.Failed, p.Probe.Downtime.Seconds(), p.Rejoined.Seconds(), res)
+	}
+}

@@ -1,0 +1,334 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
+)
+
+// Status is the whole cluster as hapairctl sees it (hapairctl status --json).
+type Status struct {
+	Time     time.Time       `json:"time"`
+	Etcd     []EtcdMember    `json:"etcd"`
+	EtcdErr  string          `json:"etcd_error,omitempty"`
+	Active   *ActiveKey      `json:"active,omitempty"`
+	Leader   *LeaderKey      `json:"patroni_leader_key,omitempty"`
+	Alarms   []Alarm         `json:"takeover_alarms"`
+	Patroni  []PatroniMember `json:"patroni"`
+	Roled    []RoledNode     `json:"roled"`
+	Backends []LBServer      `json:"balancer"`
+	LBErr    string          `json:"balancer_error,omitempty"`
+}
+
+// EtcdMember is one etcd member's health.
+type EtcdMember struct {
+	Name     string `json:"name"`
+	Endpoint string `json:"endpoint"`
+	Healthy  bool   `json:"healthy"`
+	Leader   bool   `json:"leader"`
+	Witness  bool   `json:"witness"`
+	RaftTerm uint64 `json:"raft_term,omitempty"`
+	Error    string `json:"error,omitempty"`
+}
+
+// ActiveKey is /hapair/<cluster>/active.
+type ActiveKey struct {
+	Node  string `json:"node"`
+	Since string `json:"since"`
+	Epoch int64  `json:"epoch"`
+}
+
+// LeaderKey is Patroni's leader key; Version > 1 with a changed value is
+// Patroni 3.0.2's takeover signature.
+type LeaderKey struct {
+	Member         string `json:"member"`
+	CreateRevision int64  `json:"create_revision"`
+	Version        int64  `json:"version"`
+}
+
+// Alarm is one takeover alarm key.
+type Alarm struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// PatroniMember is one row of Patroni's /cluster.
+type PatroniMember struct {
+	Name     string `json:"name"`
+	Role     string `json:"role"`
+	State    string `json:"state"`
+	Timeline int64  `json:"timeline"`
+	Lag      any    `json:"lag,omitempty"`
+}
+
+// RoledNode is roled's /role answer (the fields hapairctl shows).
+type RoledNode struct {
+	Node     string            `json:"node"`
+	Role     string            `json:"role"`
+	Epoch    int64             `json:"epoch"`
+	Since    time.Time         `json:"since"`
+	Reason   string            `json:"reason"`
+	Takeover []json.RawMessage `json:"takeover_alarms"`
+	Sync     struct {
+		Sending          bool    `json:"sending"`
+		LagSeconds       float64 `json:"lag_seconds"`
+		QuarantinedTotal uint64  `json:"quarantined_total"`
+		LastError        string  `json:"last_error"`
+	} `json:"sync"`
+	Error string `json:"error,omitempty"`
+}
+
+// LBServer is one server of the balancer's active-passive backend.
+type LBServer struct {
+	Backend    string    `json:"backend"`
+	Name       string    `json:"name"`
+	State      string    `json:"state"`
+	Eligible   bool      `json:"eligible"`
+	Epoch      int64     `json:"epoch"`
+	LastReason string    `json:"last_reason"`
+	LastChange time.Time `json:"last_change"`
+	Requests   uint64    `json:"requests"`
+}
+
+// Status gathers everything in parallel; unreachable parts show as errors,
+// never abort the table.
+func (c *Client) Status(ctx context.Context) Status {
+	st := Status{Time: time.Now()}
+	var g errgroup.Group
+	g.Go(func() error { c.etcdStatus(ctx, &st); return nil })
+	g.Go(func() error { st.Patroni = c.patroniCluster(ctx); return nil })
+	g.Go(func() error { st.Roled = c.roledAll(ctx); return nil })
+	g.Go(func() error { st.Backends, st.LBErr = c.lbServers(ctx); return nil })
+	_ = g.Wait()
+	return st
+}
+
+func (c *Client) etcdStatus(ctx context.Context, st *Status) {
+	cli, err := c.Etcd()
+	if err != nil {
+		st.EtcdErr = err.Error()
+		return
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, c.Cfg.Timeout)
+	defer cancel()
+	ml, err := cli.MemberList(ctx)
+	if err != nil {
+		st.EtcdErr = "member list: " + err.Error()
+	} else {
+		for _, m := range ml.Members {
+			em := EtcdMember{Name: m.Name, Witness: strings.Contains(m.Name, "witness")}
+			if len(m.ClientURLs) > 0 {
+				em.Endpoint = m.ClientURLs[0]
+				if s, err := cli.Status(ctx, em.Endpoint); err != nil {
+					em.Error = err.Error()
+				} else {
+					em.Healthy = len(s.Errors) == 0
+					em.Leader = s.Leader == m.ID
+					em.RaftTerm = s.RaftTerm
+				}
+			}
+			st.Etcd = append(st.Etcd, em)
+		}
+		sort.Slice(st.Etcd, func(i, j int) bool { return st.Etcd[i].Name < st.Etcd[j].Name })
+	}
+	c.readKeys(ctx, cli, st)
+}
+
+func (c *Client) readKeys(ctx context.Context, cli *clientv3.Client, st *Status) {
+	if r, err := cli.Get(ctx, c.Cfg.Prefix()+"active"); err == nil && len(r.Kvs) == 1 {
+		var a ActiveKey
+		_ = json.Unmarshal(r.Kvs[0].Value, &a)
+		a.Epoch = r.Kvs[0].CreateRevision
+		st.Active = &a
+	}
+	if r, err := cli.Get(ctx, c.Cfg.LeaderKey()); err == nil && len(r.Kvs) == 1 {
+		kv := r.Kvs[0]
+		st.Leader = &LeaderKey{Member: string(kv.Value), CreateRevision: kv.CreateRevision, Version: kv.Version}
+	}
+	if r, err := cli.Get(ctx, c.Cfg.Prefix()+"alarm/", clientv3.WithPrefix()); err == nil {
+		for _, kv := range r.Kvs {
+			st.Alarms = append(st.Alarms, Alarm{Key: string(kv.Key), Value: string(kv.Value)})
+		}
+	}
+}
+
+func (c *Client) getJSON(ctx context.Context, url string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(v)
+}
+
+func (c *Client) patroniCluster(ctx context.Context) []PatroniMember {
+	for _, n := range c.Cfg.Nodes {
+		var cl struct {
+			Members []PatroniMember `json:"members"`
+		}
+		if err := c.getJSON(ctx, strings.TrimSuffix(n.PatroniURL, "/")+"/cluster", &cl); err == nil {
+			return cl.Members
+		}
+	}
+	return nil
+}
+
+// Roled reads one node's /role.
+func (c *Client) Roled(ctx context.Context, n Node) RoledNode {
+	var r RoledNode
+	if n.RoledURL == "" {
+		return RoledNode{Node: n.Name, Role: "n/a", Error: "roled-url not configured"}
+	}
+	if err := c.getJSON(ctx, strings.TrimSuffix(n.RoledURL, "/")+"/role", &r); err != nil {
+		return RoledNode{Node: n.Name, Role: "unknown", Error: err.Error()}
+	}
+	return r
+}
+
+func (c *Client) roledAll(ctx context.Context) []RoledNode {
+	out := make([]RoledNode, len(c.Cfg.Nodes))
+	var g errgroup.Group
+	for i, n := range c.Cfg.Nodes {
+		g.Go(func() error { out[i] = c.Roled(ctx, n); return nil })
+	}
+	_ = g.Wait()
+	return out
+}
+
+// LBServers reads the balancer's servers ("" or the error text).
+func (c *Client) LBServers(ctx context.Context) ([]LBServer, string) { return c.lbServers(ctx) }
+
+func (c *Client) lbServers(ctx context.Context) ([]LBServer, string) {
+	if c.Cfg.LB.AdminURL == "" {
+		return nil, "lb.admin-url not configured"
+	}
+	var stats struct {
+		Backends []struct {
+			Name    string     `json:"name"`
+			Servers []LBServer `json:"servers"`
+		} `json:"backends"`
+	}
+	if err := c.getJSON(ctx, strings.TrimSuffix(c.Cfg.LB.AdminURL, "/")+"/stats.json", &stats); err != nil {
+		return nil, err.Error()
+	}
+	var out []LBServer
+	for _, b := range stats.Backends {
+		for _, s := range b.Servers {
+			s.Backend = b.Name
+			out = append(out, s)
+		}
+	}
+	return out, ""
+}
+
+// Serving returns the server names of the active-passive backend the
+// balancer would send a request to now.
+func (s Status) Serving(backend string) []string {
+	var out []string
+	for _, b := range s.Backends {
+		if b.Backend == backend && b.Eligible {
+			out = append(out, b.Name)
+		}
+	}
+	return out
+}
+
+// WriteTable renders the status as the operator's table.
+func (s Status) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ETCD MEMBER\tENDPOINT\tHEALTH\tLEADER\tWITNESS")
+	if s.EtcdErr != "" {
+		fmt.Fprintf(tw, "(error)\t%s\t\t\t\n", s.EtcdErr)
+	}
+	for _, m := range s.Etcd {
+		h := "healthy"
+		if !m.Healthy {
+			h = "UNHEALTHY " + m.Error
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", m.Name, m.Endpoint, h, yes(m.Leader), yes(m.Witness))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PATRONI MEMBER\tROLE\tSTATE\tTIMELINE\tLAG")
+	for _, p := range s.Patroni {
+		lag := "-"
+		if p.Lag != nil {
+			lag = fmt.Sprint(p.Lag)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", p.Name, p.Role, p.State, p.Timeline, lag)
+	}
+	if s.Leader != nil {
+		fmt.Fprintf(tw, "leader key\t%s\tcreate_rev=%d\tversion=%d\t\n", s.Leader.Member, s.Leader.CreateRevision, s.Leader.Version)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROLED NODE\tROLE\tEPOCH\tSINCE\tSYNC LAG\tQUARANTINED\tALARM")
+	for _, r := range s.Roled {
+		since := "-"
+		if !r.Since.IsZero() {
+			since = r.Since.Format(time.RFC3339)
+		}
+		role := strings.ToUpper(r.Role)
+		if r.Error != "" {
+			role = "unreachable"
+		}
+		alarm := "-"
+		if len(r.Takeover) > 0 {
+			alarm = fmt.Sprintf("TAKEOVER (%d)", len(r.Takeover))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.1fs\t%d\t%s\n", r.Node, role, r.Epoch, since, r.Sync.LagSeconds,
+			r.Sync.QuarantinedTotal, alarm)
+	}
+	if s.Active != nil {
+		fmt.Fprintf(tw, "active key\t%s\t%d\t%s\t\t\t\n", s.Active.Node, s.Active.Epoch, s.Active.Since)
+	} else {
+		fmt.Fprintln(tw, "active key\t(none)\t\t\t\t\t")
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, a := range s.Alarms {
+		fmt.Fprintf(w, "ALARM %s %s (after checking the data: hapairctl ack)\n", a.Key, a.Value)
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BALANCER BACKEND\tSERVER\tSTATE\tSERVING\tEPOCH\tLAST CHANGE\tREASON")
+	if s.LBErr != "" {
+		fmt.Fprintf(tw, "(error)\t%s\t\t\t\t\t\n", s.LBErr)
+	}
+	for _, b := range s.Backends {
+		lc := "-"
+		if !b.LastChange.IsZero() {
+			lc = b.LastChange.Format("15:04:05.000")
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", b.Backend, b.Name, b.State, yes(b.Eligible), b.Epoch, lc, b.LastReason)
+	}
+	return tw.Flush()
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "-"
+}

@@ -1,0 +1,162 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Steps prints timed progress lines relative to a start time.
+type Steps struct {
+	W     io.Writer
+	Start time.Time
+}
+
+// Printf prints one step, prefixed with the time since Start.
+func (s *Steps) Printf(format string, args ...any) {
+	if s.W == nil {
+		return
+	}
+	fmt.Fprintf(s.W, "%+8.3fs  %s\n", time.Since(s.Start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// ErrNotPrimary is returned when no current Patroni leader can be found.
+var ErrNotPrimary = errors.New("ctl: no Patroni leader found")
+
+// Leader returns the name of the node whose Patroni holds the leader lock.
+func (c *Client) Leader(ctx context.Context) (string, error) {
+	for _, m := range c.patroniCluster(ctx) {
+		if m.Role == "leader" || m.Role == "master" || m.Role == "primary" {
+			for _, n := range c.Cfg.Nodes {
+				if n.Member() == m.Name {
+					return n.Name, nil
+				}
+			}
+		}
+	}
+	return "", ErrNotPrimary
+}
+
+// SwitchoverResult are the timings of one planned switchover, from the
+// moment the request was sent.
+type SwitchoverResult struct {
+	From, To      string
+	PatroniDone   time.Duration // Patroni's REST call returned
+	PatroniLeader time.Duration // /cluster names To as leader
+	RoledActive   time.Duration // To's roled says active
+	LBServing     time.Duration // the balancer serves only To
+}
+
+// Switchover asks Patroni for a planned switchover to node to and follows it
+// until the balancer serves from it, printing each step.
+func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (SwitchoverResult, error) {
+	res := SwitchoverResult{To: to}
+	target, ok := c.Cfg.Node(to)
+	if !ok {
+		return res, fmt.Errorf("unknown node %q", to)
+	}
+	from, err := c.Leader(ctx)
+	if err != nil {
+		return res, err
+	}
+	if from == to {
+		return res, fmt.Errorf("%s is already the Patroni leader", to)
+	}
+	res.From = from
+	fromNode, _ := c.Cfg.Node(from)
+	st := &Steps{W: w, Start: time.Now()}
+	st.Printf("switchover %s -> %s: POST %s/switchover", from, to, fromNode.PatroniURL)
+	done := make(chan error, 1)
+	go func() { done <- c.postSwitchover(ctx, fromNode, target) }()
+	return res, c.follow(ctx, st, fromNode, target, done, &res)
+}
+
+func (c *Client) postSwitchover(ctx context.Context, from, to Node) error {
+	body, _ := json.Marshal(map[string]string{"leader": from.Member(), "candidate": to.Member()})
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(from.PatroniURL, "/")+"/switchover",
+		strings.NewReader(string(body)))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	hc := *c.HTTP
+	hc.Timeout = 30 * time.Second
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("patroni switchover: %w", err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("patroni switchover: %d %s", resp.StatusCode, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}
+
+// follow polls Patroni, roled and the balancer until the target serves.
+func (c *Client) follow(ctx context.Context, st *Steps, from, to Node, done chan error, res *SwitchoverResult) error {
+	deadline := time.Now().Add(c.Cfg.Drill.PhaseTimeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var restDone bool
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				st.Printf("Patroni refused: %v", err)
+				return err
+			}
+			restDone = true
+			res.PatroniDone = time.Since(st.Start)
+			st.Printf("Patroni REST call returned 200")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		if res.PatroniLeader == 0 {
+			if l, err := c.Leader(ctx); err == nil && l == to.Name {
+				res.PatroniLeader = time.Since(st.Start)
+				st.Printf("Patroni leader is %s", to.Name)
+			}
+		}
+		if res.RoledActive == 0 && to.RoledURL != "" {
+			if r := c.Roled(ctx, to); r.Role == "active" {
+				res.RoledActive = time.Since(st.Start)
+				st.Printf("roled on %s ACTIVE (epoch %d)", to.Name, r.Epoch)
+			}
+		}
+		if res.LBServing == 0 && c.lbServesOnly(ctx, to.Name) {
+			res.LBServing = time.Since(st.Start)
+			st.Printf("balancer serves from %s", to.Name)
+		}
+		if restDone && res.PatroniLeader > 0 && (res.RoledActive > 0 || to.RoledURL == "") && res.LBServing > 0 {
+			st.Printf("done")
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("switchover to %s not complete after %s", to.Name, c.Cfg.Drill.PhaseTimeout)
+		}
+	}
+}
+
+// lbServesOnly reports whether the balancer's active-passive backend has
+// exactly node eligible (true when no balancer is configured).
+func (c *Client) lbServesOnly(ctx context.Context, node string) bool {
+	if c.Cfg.LB.AdminURL == "" {
+		return true
+	}
+	servers, errMsg := c.lbServers(ctx)
+	if errMsg != "" {
+		return false
+	}
+	st := Status{Backends: servers}
+	s := st.Serving(c.Cfg.LB.Backend)
+	return len(s) == 1 && s[0] == node
+}

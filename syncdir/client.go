@@ -1,0 +1,176 @@
+package syncdir
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+)
+
+// httpError is a non-200 answer from the peer.
+type httpError struct {
+	status int
+	reason string
+	msg    string
+}
+
+func (e *httpError) Error() string {
+	return fmt.Sprintf("syncdir: peer answered %d %s: %s", e.status, e.reason, e.msg)
+}
+
+func (sd *sender) worker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case j := <-sd.jobs:
+			r := sd.execute(ctx, j)
+			select {
+			case sd.results <- r:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+func (sd *sender) execute(ctx context.Context, j job) result {
+	rt := sd.s.roots[j.k.root]
+	r := result{j: j, ent: j.ent}
+	v := url.Values{"path": {j.k.rel}}
+	switch j.kind {
+	case jobPut:
+		r.ent, r.err = sd.s.sendFile(ctx, rt, j.k.rel)
+		return r
+	case jobMkdir:
+		v.Set("mode", strconv.FormatUint(uint64(j.ent.Mode), 8))
+		r.err = sd.s.call(ctx, rt, opMkdir, v, nil, 0, nil)
+	case jobSymlink:
+		v.Set("target", j.target)
+		r.err = sd.s.call(ctx, rt, opSymlink, v, nil, 0, nil)
+	case jobDelete:
+		r.err = sd.s.call(ctx, rt, opDelete, v, nil, 0, nil)
+	case jobRename:
+		v.Set("to", j.to)
+		r.err = sd.s.call(ctx, rt, opRename, v, nil, 0, nil)
+	}
+	return r
+}
+
+// sendFile streams one file; the state sent is the one of the open file.
+func (s *Syncer) sendFile(ctx context.Context, rt *rootState, rel string) (entry, error) {
+	f, err := rt.root.Open(rel)
+	if err != nil {
+		return entry{}, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return entry{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return entry{}, fmt.Errorf("syncdir: %s is no longer a regular file: %w", rel, os.ErrNotExist)
+	}
+	e := entryOf(fi)
+	v := url.Values{"path": {rel}, "mode": {strconv.FormatUint(uint64(e.Mode), 8)}, "mtime": {strconv.FormatInt(e.Mtime, 10)}}
+	var body io.Reader = http.NoBody
+	var tr http.Header
+	if e.Size > 0 {
+		tr = http.Header{hdrCommit: nil}
+		body = &commitBody{r: io.LimitReader(f, e.Size), f: f, start: e, size: e.Size, tr: tr}
+	}
+	return e, s.call(ctx, rt, opPut, v, body, e.Size, tr)
+}
+
+// commitBody streams a file and, at its end, tells the receiver in a
+// trailer whether the file stayed unchanged while it was read. A copy of a
+// file that changed under the reader is thrown away, never renamed into place.
+type commitBody struct {
+	r     io.Reader
+	f     *os.File
+	start entry
+	size  int64
+	n     int64
+	tr    http.Header
+}
+
+func (b *commitBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n += int64(n)
+	if err == io.EOF {
+		verdict := commitChanged
+		if fi, serr := b.f.Stat(); serr == nil && b.n == b.size && entryOf(fi).sameContent(b.start) {
+			verdict = commitOK
+		}
+		b.tr.Set(hdrCommit, verdict)
+	}
+	return n, err
+}
+
+func (s *Syncer) sendManifest(ctx context.Context, rt *rootState, m manifestReq) (manifestResp, error) {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return manifestResp{}, err
+	}
+	var resp manifestResp
+	err = s.callInto(ctx, rt, opManifest, nil, bytes.NewReader(b), int64(len(b)), nil, &resp)
+	return resp, err
+}
+
+// call makes one fenced request: the fence is asked right before sending,
+// and the epoch it gives travels in the header.
+func (s *Syncer) call(ctx context.Context, rt *rootState, op opKind, v url.Values, body io.Reader, size int64, trailer http.Header) error {
+	return s.callInto(ctx, rt, op, v, body, size, trailer, nil)
+}
+
+func (s *Syncer) callInto(ctx context.Context, rt *rootState, op opKind, v url.Values, body io.Reader, size int64, trailer http.Header, out any) error {
+	epoch, ok := s.fence.ActiveEpoch()
+	if !ok {
+		return errNotActive
+	}
+	method := http.MethodPost
+	if op == opPut {
+		method = http.MethodPut
+	}
+	u := rt.peerURL + "/v1/" + string(op) + "/" + rt.name
+	if len(v) > 0 {
+		u += "?" + v.Encode()
+	}
+	if body == nil {
+		body = http.NoBody
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return err
+	}
+	req.ContentLength = size
+	req.GetBody = nil
+	req.Trailer = trailer
+	req.Header.Set(hdrEpoch, strconv.FormatInt(epoch, 10))
+	req.Header.Set(hdrNode, s.node)
+	if s.token != "" {
+		req.Header.Set(hdrToken, "Bearer "+s.token)
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("syncdir: %s %s: %w", op, v.Get("path"), err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var eb struct{ Error, Reason string }
+		json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&eb)
+		return &httpError{status: resp.StatusCode, reason: eb.Reason, msg: eb.Error}
+	}
+	if out != nil {
+		if err := json.NewDecoder(io.LimitReader(resp.Body, maxManifest)).Decode(out); err != nil {
+			return fmt.Errorf("syncdir: %s answer: %w", op, err)
+		}
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	return nil
+}

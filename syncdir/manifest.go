@@ -1,0 +1,139 @@
+package syncdir
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"sort"
+)
+
+// mEntry is one path of a manifest: the sender's view of its tree.
+type mEntry struct {
+	P string `json:"p"`
+	K string `json:"k"` // "f", "d" or "l"
+	S int64  `json:"s,omitempty"`
+	M int64  `json:"m,omitempty"`
+	O uint32 `json:"o,omitempty"`
+	L string `json:"l,omitempty"` // symlink target
+}
+
+type manifestReq struct {
+	Entries []mEntry `json:"entries"`
+}
+
+// manifestResp names what the receiver lacks or has in a different state
+// (Need) and what it has that the sender does not (Extra, topmost only).
+type manifestResp struct {
+	Need  []string `json:"need"`
+	Extra []string `json:"extra"`
+}
+
+type scanned struct {
+	m   mEntry
+	ent entry
+}
+
+// scanTree lists root without following symlinks, skipping excluded and
+// reserved paths.
+func scanTree(root *os.Root, ex excluder) (map[string]scanned, error) {
+	out := map[string]scanned{}
+	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == "." {
+			return nil
+		}
+		if ex.match(p, d.IsDir()) {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return nil // vanished while walking; the watcher will tell
+		}
+		sc, ok := scanOne(root, p, fi)
+		if ok {
+			out[p] = sc
+		}
+		return nil
+	})
+	return out, err
+}
+
+func scanOne(root *os.Root, p string, fi fs.FileInfo) (scanned, bool) {
+	e := entryOf(fi)
+	m := mEntry{P: p, O: e.Mode}
+	switch {
+	case fi.Mode().IsRegular():
+		m.K, m.S, m.M = "f", e.Size, e.Mtime
+	case fi.IsDir():
+		m.K = "d"
+	case fi.Mode()&fs.ModeSymlink != 0:
+		t, err := root.Readlink(p)
+		if err != nil {
+			return scanned{}, false
+		}
+		m.K, m.L, m.O = "l", t, 0
+	default:
+		return scanned{}, false // sockets, fifos, devices do not travel
+	}
+	return scanned{m: m, ent: e}, true
+}
+
+func (m mEntry) equal(o mEntry) bool {
+	if m.K != o.K {
+		return false
+	}
+	switch m.K {
+	case "f":
+		return m.S == o.S && m.M == o.M && m.O == o.O
+	case "d":
+		return m.O == o.O
+	}
+	return m.L == o.L
+}
+
+func (s *Syncer) recvManifest(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
+	var req manifestReq
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxManifest)).Decode(&req); err != nil {
+		return refuse("bad-request", http.StatusBadRequest, "bad manifest: %v", err)
+	}
+	local, err := scanTree(rt.root, rt.ex)
+	if err != nil {
+		return fmt.Errorf("scan: %w", err)
+	}
+	sent := make(map[string]bool, len(req.Entries))
+	resp := manifestResp{Need: []string{}, Extra: []string{}}
+	for _, e := range req.Entries {
+		p, err := checkPath(e.P)
+		if err != nil {
+			return err
+		}
+		sent[p] = true
+		if l, ok := local[p]; ok && l.m.equal(e) {
+			rt.rec.set(p, l.ent) // both sides agree: this copy is confirmed
+			continue
+		}
+		if !rt.ex.matchAny(p, e.K == "d") {
+			resp.Need = append(resp.Need, p)
+		}
+	}
+	for p := range local {
+		if sent[p] {
+			continue
+		}
+		if d := path.Dir(p); d == "." || sent[d] {
+			resp.Extra = append(resp.Extra, p)
+		}
+	}
+	sort.Strings(resp.Need)
+	sort.Strings(resp.Extra)
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(resp)
+}

@@ -1,0 +1,561 @@
+package syncdir
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+// ServeHTTP is the receiver. Every request is authenticated (TLS client
+// certificate at the handshake and/or bearer token here), decoded, fenced,
+// then applied inside the root through an os.Root.
+func (s *Syncer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	q, rt, err := s.admit(r)
+	if err == nil {
+		err = s.apply(w, r, rt, q)
+	}
+	if err != nil {
+		s.fail(w, r, q, err)
+		return
+	}
+	if q.op != opManifest {
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+func (s *Syncer) admit(r *http.Request) (request, *rootState, error) {
+	if s.token != "" {
+		got := r.Header.Get(hdrToken)
+		if subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+s.token)) != 1 {
+			return request{}, nil, refuse("auth", http.StatusUnauthorized, "missing or wrong bearer token")
+		}
+	}
+	q, err := decodeRequest(r)
+	if err != nil {
+		return q, nil, err
+	}
+	rt := s.rootByName[q.root]
+	if rt == nil || rt.root == nil {
+		return q, nil, refuse("unknown-root", http.StatusNotFound, "no root %q here", q.root)
+	}
+	if h := s.epochs.get(); q.epoch < h {
+		return q, nil, refuse("stale-epoch", http.StatusConflict, "epoch %d from %s is below %d", q.epoch, q.node, h)
+	}
+	if s.fence.Holding() {
+		return q, nil, refuse("holding", http.StatusConflict, "this node is or is becoming ACTIVE")
+	}
+	ok, err := s.epochs.admit(q.epoch)
+	if err != nil {
+		return q, nil, err
+	}
+	if !ok {
+		return q, nil, refuse("stale-epoch", http.StatusConflict, "epoch %d from %s is below %d", q.epoch, q.node, s.epochs.get())
+	}
+	s.m.highestEpoch.Set(float64(s.epochs.get()))
+	return q, rt, nil
+}
+
+func (s *Syncer) apply(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
+	if q.op != opManifest && (rt.ex.matchAny(q.path, q.op == opMkdir) || (q.to != "" && rt.ex.matchAny(q.to, false))) {
+		return refuse("excluded", http.StatusBadRequest, "path %q is excluded here", q.path)
+	}
+	switch q.op {
+	case opPut:
+		return s.recvPut(r, rt, q)
+	case opMkdir:
+		return s.recvMkdir(rt, q)
+	case opDelete:
+		return s.recvDelete(rt, q)
+	case opRename:
+		return s.recvRename(rt, q)
+	case opSymlink:
+		return s.recvSymlink(rt, q)
+	case opManifest:
+		return s.recvManifest(w, r, rt, q)
+	}
+	return refuse("bad-request", http.StatusNotFound, "unknown operation")
+}
+
+// fail answers an error, counting refusals by reason and failures by kind.
+func (s *Syncer) fail(w http.ResponseWriter, r *http.Request, q request, err error) {
+	var rf *refusal
+	status, reason := http.StatusInternalServerError, ""
+	if errors.As(err, &rf) {
+		status, reason = rf.status, rf.reason
+		s.countRejected(reason)
+		s.lg.Warn("sync request refused", zap.String("reason", reason), zap.String("op", string(q.op)),
+			zap.String("path", q.path), zap.String("from", r.RemoteAddr), zap.Int64("epoch", q.epoch), zap.Error(err))
+	} else {
+		kind := errKind(err)
+		if kind == "disk-full" {
+			status = http.StatusInsufficientStorage
+		}
+		s.countError("recv-" + kind)
+		s.lg.Error("sync request failed", zap.String("kind", kind), zap.String("op", string(q.op)),
+			zap.String("path", q.path), zap.Error(err))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]string{"error": err.Error(), "reason": reason})
+}
+
+func errKind(err error) string {
+	switch {
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
+		return "disk-full"
+	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
+		return "permission"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "truncated"
+	}
+	return "io"
+}
+
+func tempName(dir string) string {
+	var b [8]byte
+	rand.Read(b[:])
+	return path.Join(dir, tempPrefix+hex.EncodeToString(b[:]))
+}
+
+func (s *Syncer) recvPut(r *http.Request, rt *rootState, q request) error {
+	if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
+		return err
+	}
+	dir := path.Dir(q.path)
+	tmp := tempName(dir)
+	f, err := rt.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create temp: %w", err)
+	}
+	err = writeBody(f, r.Body, r.Trailer, q)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		t := time.Unix(0, q.mtime)
+		err = rt.root.Chtimes(tmp, t, t)
+	}
+	if err == nil {
+		err = s.makeRoom(rt, q.path, q.epoch, false)
+	}
+	if err == nil {
+		err = rt.root.Rename(tmp, q.path)
+	}
+	if err != nil {
+		rt.root.Remove(tmp)
+		return err
+	}
+	if err := syncRootDir(rt, dir); err != nil {
+		return err
+	}
+	s.remember(rt, q.path)
+	s.countReceived(q.size)
+	return nil
+}
+
+// writeBody copies exactly q.size bytes, then sets the mode and fsyncs. A
+// short body (truncated, cancelled sender) is an error, never a short file.
+func writeBody(f *os.File, body io.Reader, trailer http.Header, q request) error {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	n, err := io.CopyBuffer(&writeBehind{f: f}, io.LimitReader(body, q.size), *bp)
+	if err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if n != q.size {
+		return fmt.Errorf("write: body ended after %d of %d bytes: %w", n, q.size, io.ErrUnexpectedEOF)
+	}
+	// Read to the end so the trailer arrives; a sender that saw its file
+	// change while reading says so there.
+	if _, err := io.CopyN(io.Discard, body, 1); err == nil {
+		return refuse("bad-request", http.StatusBadRequest, "body longer than Content-Length")
+	} else if !errors.Is(err, io.EOF) {
+		return fmt.Errorf("write: %w", err)
+	}
+	if c := trailer.Get(hdrCommit); c != "" && c != commitOK {
+		return refuse("source-changed", http.StatusConflict, "the file changed while it was sent")
+	}
+	if err := f.Chmod(fileMode(q.mode)); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync: %w", err)
+	}
+	return nil
+}
+
+// writeBehind starts the write-back of a big file while it is still being
+// received, so the final fsync does not wait for the whole file at once.
+type writeBehind struct {
+	f       *os.File
+	off     int64
+	flushed int64
+}
+
+const writeBehindChunk = 8 << 20
+
+func (w *writeBehind) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	w.off += int64(n)
+	if w.off-w.flushed >= writeBehindChunk {
+		// Advisory: an error only means the final fsync does all the work.
+		unix.SyncFileRange(int(w.f.Fd()), w.flushed, w.off-w.flushed, unix.SYNC_FILE_RANGE_WRITE)
+		w.flushed = w.off
+	}
+	return n, err
+}
+
+// syncRootDir makes the renames in dir durable. Concurrent callers share
+// one fsync (group commit): a caller waits for an fsync that started after
+// its own rename, and whoever finds none running starts it.
+func syncRootDir(rt *rootState, dir string) error {
+	rt.dmu.Lock()
+	g := rt.dirSyncs[dir]
+	if g == nil {
+		g = &dirSync{}
+		g.cond = sync.NewCond(&rt.dmu)
+		rt.dirSyncs[dir] = g
+	}
+	target := g.started + 1
+	for g.finished < target {
+		if g.running {
+			g.cond.Wait()
+			continue
+		}
+		g.running = true
+		g.started++
+		n := g.started
+		rt.dmu.Unlock()
+		err := fsyncDir(rt, dir)
+		rt.dmu.Lock()
+		g.running, g.finished, g.err = false, n, err
+		g.cond.Broadcast()
+	}
+	err := g.err
+	if !g.running && g.finished == g.started {
+		delete(rt.dirSyncs, dir) // idle: do not keep one per directory forever
+	}
+	rt.dmu.Unlock()
+	return err
+}
+
+type dirSync struct {
+	cond              *sync.Cond
+	running           bool
+	started, finished uint64
+	err               error
+}
+
+func fsyncDir(rt *rootState, dir string) error {
+	d, err := rt.root.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync dir: %w", err)
+	}
+	return nil
+}
+
+func (s *Syncer) remember(rt *rootState, rel string) {
+	if fi, err := rt.root.Lstat(rel); err == nil {
+		rt.rec.set(rel, entryOf(fi))
+	}
+}
+
+// ensureParents creates missing parent directories and refuses to go through
+// a symlink: os.Root already keeps us inside the root, this keeps us out of
+// links that point elsewhere inside it too.
+func (s *Syncer) ensureParents(rt *rootState, rel string, epoch int64) error {
+	parts := strings.Split(rel, "/")
+	for i := 1; i < len(parts); i++ {
+		p := strings.Join(parts[:i], "/")
+		fi, err := rt.root.Lstat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if err := rt.root.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+			s.remember(rt, p)
+			continue
+		case err != nil:
+			return err
+		case fi.Mode()&fs.ModeSymlink != 0:
+			return refuse("symlink-parent", http.StatusBadRequest, "parent %q of %q is a symlink", p, rel)
+		case fi.IsDir():
+			continue
+		}
+		if err := s.makeRoom(rt, p, epoch, false); err != nil {
+			return err
+		}
+		if err := rt.root.Mkdir(p, 0o755); err != nil {
+			return err
+		}
+		s.remember(rt, p)
+	}
+	return nil
+}
+
+// makeRoom clears rel so something new can take its place: a directory is
+// emptied (its unconfirmed files quarantined) and removed; a file or link the
+// peer never confirmed is quarantined. A confirmed file is left for the
+// caller's rename to replace atomically. keepDir leaves a directory in place.
+func (s *Syncer) makeRoom(rt *rootState, rel string, epoch int64, keepDir bool) error {
+	fi, err := rt.root.Lstat(rel)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		if keepDir {
+			return nil
+		}
+		return s.clearTree(rt, rel, epoch)
+	}
+	if s.confirmed(rt, rel, fi) {
+		return nil
+	}
+	return s.quarantine(rt, rel, epoch)
+}
+
+func (s *Syncer) confirmed(rt *rootState, rel string, fi fs.FileInfo) bool {
+	e, ok := rt.rec.get(rel)
+	return ok && e.sameContent(entryOf(fi))
+}
+
+// clearTree removes the directory rel after quarantining every file in it
+// that the peer never confirmed.
+func (s *Syncer) clearTree(rt *rootState, rel string, epoch int64) error {
+	var unconfirmed []string
+	err := fs.WalkDir(rt.root.FS(), rel, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if rt.ex.match(p, d.IsDir()) {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if !s.confirmed(rt, p, fi) {
+			unconfirmed = append(unconfirmed, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("scan %s: %w", rel, err)
+	}
+	for _, p := range unconfirmed {
+		if err := s.quarantine(rt, p, epoch); err != nil {
+			return err
+		}
+	}
+	if err := rt.root.RemoveAll(rel); err != nil {
+		return err
+	}
+	rt.rec.removeTree(rel)
+	return nil
+}
+
+// QuarantinedFile is one local file moved aside instead of being lost.
+type QuarantinedFile struct {
+	Root  string    `json:"root"`
+	Path  string    `json:"path"`
+	Moved string    `json:"moved_to"`
+	Epoch int64     `json:"epoch"`
+	At    time.Time `json:"at"`
+}
+
+func (s *Syncer) quarantine(rt *rootState, rel string, epoch int64) error {
+	base := path.Join(quarantineDir, strconv.FormatInt(epoch, 10), rel)
+	if err := rt.root.MkdirAll(path.Dir(base), 0o700); err != nil {
+		return fmt.Errorf("quarantine: %w", err)
+	}
+	dst := base
+	for i := 1; ; i++ {
+		if _, err := rt.root.Lstat(dst); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		dst = fmt.Sprintf("%s.%d", base, i)
+	}
+	if err := rt.root.Rename(rel, dst); err != nil {
+		return fmt.Errorf("quarantine: %w", err)
+	}
+	rt.rec.removeTree(rel)
+	q := QuarantinedFile{Root: rt.name, Path: rel, Moved: path.Join(rt.abs, dst), Epoch: epoch, At: time.Now().UTC()}
+	s.m.quarantined.Inc()
+	s.st.quarantined.Add(1)
+	s.qmu.Lock()
+	s.quarantined = append(s.quarantined, q)
+	if len(s.quarantined) > maxQuarantineList {
+		s.quarantined = s.quarantined[len(s.quarantined)-maxQuarantineList:]
+	}
+	s.qmu.Unlock()
+	s.lg.Warn("local file never delivered to the peer moved to quarantine",
+		zap.String("root", rt.name), zap.String("path", rel), zap.String("moved_to", q.Moved), zap.Int64("epoch", epoch))
+	return nil
+}
+
+const maxQuarantineList = 100
+
+func (s *Syncer) recvMkdir(rt *rootState, q request) error {
+	if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
+		return err
+	}
+	if err := s.makeRoom(rt, q.path, q.epoch, true); err != nil {
+		return err
+	}
+	fi, err := rt.root.Lstat(q.path)
+	if err == nil && !fi.IsDir() {
+		if err := rt.root.Remove(q.path); err != nil {
+			return err
+		}
+	}
+	if err != nil || !fi.IsDir() {
+		if err := rt.root.Mkdir(q.path, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+	}
+	if err := rt.root.Chmod(q.path, fileMode(q.mode)); err != nil {
+		return err
+	}
+	if err := syncRootDir(rt, path.Dir(q.path)); err != nil {
+		return err
+	}
+	s.remember(rt, q.path)
+	s.countReceived(0)
+	return nil
+}
+
+func (s *Syncer) recvDelete(rt *rootState, q request) error {
+	if err := s.checkParents(rt, q.path); err != nil {
+		return err
+	}
+	fi, err := rt.root.Lstat(q.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+		rt.rec.removeTree(q.path)
+		return nil
+	case err != nil:
+		return err
+	case fi.IsDir():
+		err = s.clearTree(rt, q.path, q.epoch)
+	case !s.confirmed(rt, q.path, fi):
+		err = s.quarantine(rt, q.path, q.epoch)
+	default:
+		err = rt.root.Remove(q.path)
+		rt.rec.removeTree(q.path)
+	}
+	if err != nil {
+		return err
+	}
+	if err := syncRootDir(rt, path.Dir(q.path)); err != nil {
+		return err
+	}
+	s.countReceived(0)
+	return nil
+}
+
+// checkParents refuses a path whose parents include a symlink, without
+// creating anything.
+func (s *Syncer) checkParents(rt *rootState, rel string) error {
+	for d := path.Dir(rel); d != "."; d = path.Dir(d) {
+		fi, err := rt.root.Lstat(d)
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			return err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return refuse("symlink-parent", http.StatusBadRequest, "parent %q of %q is a symlink", d, rel)
+		}
+	}
+	return nil
+}
+
+func (s *Syncer) recvRename(rt *rootState, q request) error {
+	if err := s.checkParents(rt, q.path); err != nil {
+		return err
+	}
+	if err := s.ensureParents(rt, q.to, q.epoch); err != nil {
+		return err
+	}
+	fi, err := rt.root.Lstat(q.path)
+	if err != nil {
+		return refuse("rename-source", http.StatusConflict, "rename source %q: %v", q.path, err)
+	}
+	if !fi.IsDir() && !s.confirmed(rt, q.path, fi) {
+		return refuse("rename-source", http.StatusConflict, "rename source %q differs from what was synced", q.path)
+	}
+	if err := s.makeRoom(rt, q.to, q.epoch, false); err != nil {
+		return err
+	}
+	if err := rt.root.Rename(q.path, q.to); err != nil {
+		return err
+	}
+	rt.rec.renameTree(q.path, q.to)
+	if err := syncRootDir(rt, path.Dir(q.to)); err != nil {
+		return err
+	}
+	if path.Dir(q.to) != path.Dir(q.path) {
+		if err := syncRootDir(rt, path.Dir(q.path)); err != nil {
+			return err
+		}
+	}
+	s.countReceived(0)
+	return nil
+}
+
+func (s *Syncer) recvSymlink(rt *rootState, q request) error {
+	if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
+		return err
+	}
+	dir := path.Dir(q.path)
+	tmp := tempName(dir)
+	if err := rt.root.Symlink(q.target, tmp); err != nil {
+		return err
+	}
+	err := s.makeRoom(rt, q.path, q.epoch, false)
+	if err == nil {
+		err = rt.root.Rename(tmp, q.path)
+	}
+	if err != nil {
+		rt.root.Remove(tmp)
+		return err
+	}
+	if err := syncRootDir(rt, dir); err != nil {
+		return err
+	}
+	s.remember(rt, q.path)
+	s.countReceived(0)
+	return nil
+}

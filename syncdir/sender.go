@@ -1,0 +1,720 @@
+package syncdir
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"math/rand/v2"
+	"path"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+type key struct {
+	root int
+	rel  string
+}
+
+// pend is a path that changed and is not yet confirmed by the peer.
+type pend struct {
+	since     time.Time // first unconfirmed change: the lag clock
+	last      time.Time // last event: the debounce clock
+	force     bool      // send even if the record says the peer has it
+	writing   bool      // written and not yet closed: wait for the close
+	closed    bool      // its writer closed it: no reason to wait
+	noRename  bool
+	attempts  int
+	notBefore time.Time
+}
+
+type jobKind uint8
+
+const (
+	jobPut jobKind = iota
+	jobMkdir
+	jobSymlink
+	jobDelete
+	jobRename
+)
+
+type noteVal struct {
+	at time.Time
+	st writeState
+}
+
+// holdOpen is how long a file still open for writing is held back when its
+// writer goes quiet without closing it (logs, databases, hard links).
+const holdOpen = time.Second
+
+type job struct {
+	kind   jobKind
+	k      key
+	to     string // rename target
+	ent    entry  // local state when dispatched
+	target string // symlink target
+	p      *pend
+	p2     *pend // rename target's pend
+}
+
+type result struct {
+	j   job
+	ent entry // state actually sent (put)
+	err error
+}
+
+// sender is one run of the sending side, from SetActive to SetPassive.
+type sender struct {
+	s     *Syncer
+	epoch int64
+	tree  *tree
+
+	mu       sync.Mutex
+	incoming map[key]noteVal
+	rescan   bool
+	fatalErr error
+	wake     chan struct{}
+
+	pending  map[key]*pend
+	inflight map[key]*pend
+	queue    []job
+	jobs     chan job
+	results  chan result
+
+	needReconcile bool
+	pauseUntil    time.Time
+	backoff       time.Duration
+	nextReconcile time.Time
+	published     time.Time
+}
+
+// runSender runs a sender until ctx ends; setup failures (inotify limit)
+// are retried with backoff and reported in Status.
+func (s *Syncer) runSender(ctx context.Context, epoch int64) {
+	s.lg.Info("sync sender starting", zap.Int64("epoch", epoch))
+	defer s.lg.Info("sync sender stopped", zap.Int64("epoch", epoch))
+	wait := s.cfg.RetryMin
+	for {
+		err := s.runSenderOnce(ctx, epoch)
+		if ctx.Err() != nil {
+			return
+		}
+		s.noteError("sender", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, s.cfg.RetryMax)
+	}
+}
+
+func (s *Syncer) noteError(kind string, err error) {
+	s.countError(kind)
+	s.lg.Error("sync sender error", zap.String("kind", kind), zap.Error(err))
+	s.publish(func(v *senderView) { v.lastError, v.lastErrorAt = err.Error(), time.Now().UTC() })
+}
+
+func (s *Syncer) runSenderOnce(ctx context.Context, epoch int64) error {
+	w, err := s.newWatcher()
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	sd := &sender{
+		s: s, epoch: epoch, incoming: map[key]noteVal{}, wake: make(chan struct{}, 1),
+		pending: map[key]*pend{}, inflight: map[key]*pend{},
+		jobs: make(chan job), results: make(chan result, s.cfg.Concurrency),
+		needReconcile: true,
+	}
+	sd.tree = &tree{s: s, w: w, note: sd.note, dirs: map[string]bool{}, roots: s.roots}
+	for i := range s.roots {
+		if err := sd.tree.add(i, ".", false); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Add(1)
+	go func() { defer wg.Done(); sd.tree.run(ctx, sd.requestRescan, sd.fatal) }()
+	for n := 0; n < s.cfg.Concurrency; n++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); sd.worker(ctx) }()
+	}
+	return sd.loop(ctx)
+}
+
+func (sd *sender) note(root int, rel string, st writeState) {
+	sd.mu.Lock()
+	sd.incoming[key{root, rel}] = noteVal{at: time.Now(), st: st}
+	sd.mu.Unlock()
+	sd.poke()
+}
+
+func (sd *sender) poke() {
+	select {
+	case sd.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (sd *sender) requestRescan() {
+	sd.mu.Lock()
+	sd.rescan = true
+	sd.mu.Unlock()
+	sd.poke()
+}
+
+func (sd *sender) fatal(err error) {
+	sd.mu.Lock()
+	sd.fatalErr = err
+	sd.mu.Unlock()
+	sd.poke()
+}
+
+// loop is the dispatcher: it owns pending, inflight and the queue.
+func (sd *sender) loop(ctx context.Context) error {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var out chan job
+		var next job
+		if len(sd.queue) > 0 {
+			out, next = sd.jobs, sd.queue[0]
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sd.wake:
+		case <-timer.C:
+		case <-tick.C:
+		case r := <-sd.results:
+			sd.done(r)
+		case out <- next:
+			sd.queue = sd.queue[1:]
+			continue
+		}
+		if err := sd.merge(); err != nil {
+			return err
+		}
+		now := time.Now()
+		if !now.Before(sd.nextReconcile) && !sd.needReconcile {
+			sd.needReconcile = true
+		}
+		if now.Before(sd.pauseUntil) {
+			resetTimer(timer, sd.pauseUntil.Sub(now))
+			sd.publishView(now)
+			continue
+		}
+		if _, ok := sd.s.fence.ActiveEpoch(); !ok {
+			// Not (or no longer) allowed to push: wait for roled to decide.
+			sd.pauseUntil = now.Add(50 * time.Millisecond)
+			resetTimer(timer, 50*time.Millisecond)
+			sd.publishView(now)
+			continue
+		}
+		if sd.needReconcile {
+			if len(sd.inflight) > 0 {
+				sd.publishView(now) // let the requests in flight finish first
+				continue
+			}
+			sd.reconcile(ctx)
+			now = time.Now()
+		}
+		if wait := sd.dispatch(now); wait > 0 {
+			resetTimer(timer, wait)
+		}
+		sd.publishView(now)
+	}
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	select {
+	case <-t.C:
+	default:
+	}
+	t.Reset(d)
+}
+
+// merge moves watcher notes into pending.
+func (sd *sender) merge() error {
+	sd.mu.Lock()
+	in, rescan, ferr := sd.incoming, sd.rescan, sd.fatalErr
+	if len(in) > 0 {
+		sd.incoming = map[key]noteVal{}
+	} else {
+		in = nil
+	}
+	sd.rescan = false
+	sd.mu.Unlock()
+	if ferr != nil {
+		return ferr
+	}
+	for k, n := range in {
+		p := sd.touch(k, n.at, false)
+		switch n.st {
+		case writing:
+			p.writing, p.closed = true, false
+		case closed:
+			p.writing, p.closed = false, true
+			p.last = n.at.Add(-sd.s.cfg.Debounce) // closed: nothing to wait for
+		}
+	}
+	if rescan {
+		sd.localRescan()
+	}
+	return nil
+}
+
+func (sd *sender) touch(k key, t time.Time, force bool) *pend {
+	p := sd.pending[k]
+	if p == nil {
+		p = &pend{since: t}
+		if f := sd.inflight[k]; f != nil {
+			p.since = f.since
+		}
+		sd.pending[k] = p
+	}
+	p.last = t
+	p.force = p.force || force
+	p.notBefore = time.Time{}
+	return p
+}
+
+// localRescan compares each tree with the record after lost events.
+func (sd *sender) localRescan() {
+	now := time.Now()
+	for k := range sd.inflight {
+		sd.touch(k, now, false) // its record entry is not written yet: look again after
+	}
+	for i, rt := range sd.s.roots {
+		if err := sd.tree.add(i, ".", false); err != nil {
+			sd.fatal(err)
+			return
+		}
+		local, err := scanTree(rt.root, rt.ex)
+		if err != nil {
+			sd.s.noteError("scan", err)
+			continue
+		}
+		for p, sc := range local {
+			if e, ok := rt.rec.get(p); !ok || !e.same(sc.ent) {
+				sd.touch(key{i, p}, now, false)
+			}
+		}
+		rt.rec.mu.Lock()
+		var gone []string
+		for p := range rt.rec.m {
+			if _, ok := local[p]; !ok {
+				gone = append(gone, p)
+			}
+		}
+		rt.rec.mu.Unlock()
+		for _, p := range gone {
+			sd.touch(key{i, p}, now, false)
+		}
+	}
+}
+
+// dispatch turns ready pending paths into jobs; it returns how long to wait
+// for the next path to become ready (0: nothing waiting).
+func (sd *sender) dispatch(now time.Time) time.Duration {
+	deb := sd.s.cfg.Debounce
+	var ready []key
+	var wait time.Duration
+	for k, p := range sd.pending {
+		if sd.inflight[k] != nil {
+			continue
+		}
+		at := p.last.Add(deb)
+		if p.writing {
+			at = p.last.Add(holdOpen)
+		}
+		if p.notBefore.After(at) {
+			at = p.notBefore
+		}
+		if d := at.Sub(now); d > 0 {
+			if wait == 0 || d < wait {
+				wait = d
+			}
+			continue
+		}
+		ready = append(ready, k)
+	}
+	if len(ready) == 0 {
+		return wait
+	}
+	sort.Slice(ready, func(a, b int) bool {
+		if ready[a].root != ready[b].root {
+			return ready[a].root < ready[b].root
+		}
+		return lessPath(ready[a].rel, ready[b].rel)
+	})
+	if w := sd.plan(ready, now); w > 0 && (wait == 0 || w < wait) {
+		wait = w
+	}
+	return wait
+}
+
+// lessPath orders parents before children.
+func lessPath(a, b string) bool {
+	da, db := strings.Count(a, "/"), strings.Count(b, "/")
+	if da != db {
+		return da < db
+	}
+	return a < b
+}
+
+// plan looks at each ready path and queues the request that makes the peer
+// match it, pairing a vanished path with a new one of the same inode into a
+// rename so moved trees are not sent again.
+func (sd *sender) plan(ready []key, now time.Time) time.Duration {
+	var wait time.Duration
+	type look struct {
+		k   key
+		p   *pend
+		ent entry
+		ok  bool
+		tgt string
+	}
+	looks := make([]look, 0, len(ready))
+	gone := map[[2]uint64]int{} // (root, inode) -> index in looks of a vanished path
+	for _, k := range ready {
+		p := sd.pending[k]
+		delete(sd.pending, k)
+		l := look{k: k, p: p}
+		rt := sd.s.roots[k.root]
+		fi, err := rt.root.Lstat(k.rel)
+		if err == nil {
+			if sc, ok := scanOne(rt.root, k.rel, fi); ok {
+				l.ent, l.ok, l.tgt = sc.ent, true, sc.m.L
+			}
+		}
+		if !l.ok && !p.noRename {
+			if e, ok := rt.rec.get(k.rel); ok && e.Ino != 0 {
+				gone[[2]uint64{uint64(k.root), e.Ino}] = len(looks)
+			}
+		}
+		looks = append(looks, l)
+	}
+	renamed := map[int]bool{}
+	var movedDirs [][2]string
+	for i, l := range looks {
+		if !l.ok || l.p.noRename {
+			continue
+		}
+		rt := sd.s.roots[l.k.root]
+		if _, known := rt.rec.get(l.k.rel); known {
+			continue
+		}
+		g, ok := gone[[2]uint64{uint64(l.k.root), l.ent.Ino}]
+		if !ok || renamed[g] {
+			continue
+		}
+		if old, _ := rt.rec.get(looks[g].k.rel); old.Kind != l.ent.Kind || (old.Kind == 'f' && !old.sameContent(l.ent)) {
+			continue
+		}
+		renamed[g], renamed[i] = true, true
+		if l.ent.Kind == 'd' {
+			movedDirs = append(movedDirs, [2]string{looks[g].k.rel, l.k.rel})
+		}
+		sd.enqueue(job{kind: jobRename, k: looks[g].k, to: l.k.rel, ent: l.ent, p: looks[g].p, p2: l.p})
+	}
+	for i, l := range looks {
+		if renamed[i] {
+			continue
+		}
+		rt := sd.s.roots[l.k.root]
+		if !l.ok {
+			if _, known := rt.rec.get(l.k.rel); !known && !l.p.force {
+				continue // never synced and gone again
+			}
+			sd.enqueue(job{kind: jobDelete, k: l.k, p: l.p})
+			continue
+		}
+		if !l.p.force && sd.unchanged(rt, l.k.rel, l.ent, movedDirs) {
+			continue
+		}
+		if l.ent.Kind == 'f' && !l.p.closed {
+			// Modified moments ago and no close seen (a reconcile found it, or
+			// the events are still on their way): give the writer time.
+			if until := time.Unix(0, l.ent.Mtime).Add(holdOpen); now.Before(until) {
+				l.p.notBefore = until
+				sd.pending[l.k] = l.p
+				if d := until.Sub(now); wait == 0 || d < wait {
+					wait = d
+				}
+				continue
+			}
+		}
+		j := job{k: l.k, ent: l.ent, p: l.p, target: l.tgt}
+		switch l.ent.Kind {
+		case 'f':
+			j.kind = jobPut
+		case 'd':
+			j.kind = jobMkdir
+		case 'l':
+			j.kind = jobSymlink
+		}
+		sd.enqueue(j)
+	}
+	return wait
+}
+
+// unchanged reports whether the peer already has rel as it is, directly or
+// as a child of a directory being renamed in the same batch.
+func (sd *sender) unchanged(rt *rootState, rel string, e entry, moved [][2]string) bool {
+	if r, ok := rt.rec.get(rel); ok && r.same(e) {
+		return true
+	}
+	for _, m := range moved {
+		if rest, ok := strings.CutPrefix(rel, m[1]+"/"); ok {
+			if r, ok := rt.rec.get(m[0] + "/" + rest); ok && r.same(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (sd *sender) enqueue(j job) {
+	sd.inflight[j.k] = j.p
+	if j.kind == jobRename {
+		sd.inflight[key{j.k.root, j.to}] = j.p2
+	}
+	sd.queue = append(sd.queue, j)
+}
+
+// done handles a finished request.
+func (sd *sender) done(r result) {
+	j := r.j
+	rt := sd.s.roots[j.k.root]
+	delete(sd.inflight, j.k)
+	if j.kind == jobRename {
+		delete(sd.inflight, key{j.k.root, j.to})
+	}
+	if r.err == nil {
+		sd.confirmed(rt, r)
+		sd.backoff = 0
+		return
+	}
+	sd.failed(r)
+}
+
+func (sd *sender) confirmed(rt *rootState, r result) {
+	j := r.j
+	switch j.kind {
+	case jobPut, jobMkdir, jobSymlink:
+		rt.rec.set(j.k.rel, r.ent)
+	case jobDelete:
+		rt.rec.removeTree(j.k.rel)
+	case jobRename:
+		rt.rec.renameTree(j.k.rel, j.to)
+		rt.rec.set(j.to, j.ent)
+	}
+	sd.s.countSent(int64(max(r.ent.Size, 0)) * boolInt(j.kind == jobPut))
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// failed puts the path(s) back with a delay; peer-wide failures pause all
+// sending and ask for a reconcile once the peer answers again.
+func (sd *sender) failed(r result) {
+	j := r.j
+	now := time.Now()
+	requeue := func(k key, p *pend, force, noRename bool) {
+		if p == nil {
+			p = &pend{since: now, last: now}
+		}
+		if q := sd.pending[k]; q != nil { // changed again meanwhile
+			q.since = minTime(q.since, p.since)
+			q.force = q.force || force
+			q.noRename = q.noRename || noRename
+			return
+		}
+		p.attempts++
+		p.force = p.force || force
+		p.noRename = p.noRename || noRename
+		p.notBefore = now.Add(sd.delay(p.attempts))
+		sd.pending[k] = p
+	}
+	var he *httpError
+	switch {
+	case !errors.As(r.err, &he) && errors.Is(r.err, fs.ErrNotExist):
+		// Changed under us (a temp file come and gone): look again at once.
+		sd.touch(j.k, now, false)
+		if j.kind == jobRename {
+			sd.touch(key{j.k.root, j.to}, now, true)
+		}
+		return
+	case errors.Is(r.err, errNotActive), errors.Is(r.err, context.Canceled):
+		requeue(j.k, j.p, false, false)
+		if j.kind == jobRename {
+			requeue(key{j.k.root, j.to}, j.p2, false, false)
+		}
+		return
+	case errors.As(r.err, &he) && he.reason == "source-changed":
+		sd.touch(j.k, now, false) // the change has its own event; look again
+		return
+	case errors.As(r.err, &he) && he.reason == "rename-source":
+		requeue(j.k, j.p, true, true)
+		requeue(key{j.k.root, j.to}, j.p2, true, true)
+		return
+	case errors.As(r.err, &he) && he.status == 400:
+		sd.s.noteError("refused", r.err) // the peer will never take it: do not loop
+		return
+	}
+	sd.s.noteError(sendErrKind(r.err), r.err)
+	requeue(j.k, j.p, false, false)
+	if j.kind == jobRename {
+		requeue(key{j.k.root, j.to}, j.p2, false, false)
+	}
+	if !errors.As(r.err, &he) || he.status == 409 {
+		// Peer down, or fenced: stop hammering it, compare everything later.
+		sd.backoff = min(max(2*sd.backoff, sd.s.cfg.RetryMin), sd.s.cfg.RetryMax)
+		sd.pauseUntil = now.Add(jitter(sd.backoff))
+		sd.needReconcile = true
+	}
+}
+
+func sendErrKind(err error) string {
+	var he *httpError
+	if errors.As(err, &he) {
+		if he.reason != "" {
+			return "peer-" + he.reason
+		}
+		if he.status == 507 {
+			return "peer-disk-full"
+		}
+		return "peer-error"
+	}
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESTALE) {
+		return "local-vanished"
+	}
+	return "network"
+}
+
+func (sd *sender) delay(attempts int) time.Duration {
+	d := sd.s.cfg.RetryMin
+	for i := 1; i < attempts && d < sd.s.cfg.RetryMax; i++ {
+		d *= 2
+	}
+	return jitter(min(d, sd.s.cfg.RetryMax))
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d - d/5 + time.Duration(rand.Int64N(int64(d/5)*2+1))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// publishView updates queue depth and lag; it walks every queued path, so
+// it runs at most every 100 ms.
+func (sd *sender) publishView(now time.Time) {
+	depth := len(sd.pending) + len(sd.inflight)
+	if now.Sub(sd.published) < 100*time.Millisecond && depth != 0 {
+		sd.s.m.queueDepth.Set(float64(depth))
+		sd.s.publish(func(v *senderView) { v.queueDepth = depth })
+		return
+	}
+	sd.published = now
+	var oldest time.Time
+	for _, p := range sd.pending {
+		if oldest.IsZero() || p.since.Before(oldest) {
+			oldest = p.since
+		}
+	}
+	for _, p := range sd.inflight {
+		if p != nil && (oldest.IsZero() || p.since.Before(oldest)) {
+			oldest = p.since
+		}
+	}
+	var lag time.Duration
+	if !oldest.IsZero() {
+		lag = now.Sub(oldest)
+	}
+	sd.s.m.queueDepth.Set(float64(depth))
+	sd.s.m.lag.Set(lag.Seconds())
+	sd.s.publish(func(v *senderView) { v.queueDepth, v.lag = depth, lag })
+}
+
+// reconcile compares every root with the peer and queues what differs.
+func (sd *sender) reconcile(ctx context.Context) {
+	start := time.Now()
+	for i, rt := range sd.s.roots {
+		if err := sd.reconcileRoot(ctx, i, rt); err != nil {
+			// Whatever the cause, try again later, never in a tight loop.
+			if errors.Is(err, errNotActive) || ctx.Err() != nil {
+				sd.pauseUntil = time.Now().Add(50 * time.Millisecond)
+				return
+			}
+			sd.s.noteError("reconcile", err)
+			sd.backoff = min(max(2*sd.backoff, sd.s.cfg.RetryMin), sd.s.cfg.RetryMax)
+			sd.pauseUntil = time.Now().Add(jitter(sd.backoff))
+			return
+		}
+	}
+	sd.needReconcile = false
+	sd.nextReconcile = time.Now().Add(sd.s.cfg.ReconcileInterval)
+	sd.s.m.reconciles.Inc()
+	sd.s.st.reconciles.Add(1)
+	depth := len(sd.pending) + len(sd.inflight)
+	sd.s.publish(func(v *senderView) { v.lastReconcile, v.queueDepth = time.Now().UTC(), depth })
+	sd.s.lg.Debug("sync reconcile done", zap.Duration("took", time.Since(start)))
+}
+
+func (sd *sender) reconcileRoot(ctx context.Context, i int, rt *rootState) error {
+	local, err := scanTree(rt.root, rt.ex)
+	if err != nil {
+		return err
+	}
+	req := manifestReq{Entries: make([]mEntry, 0, len(local))}
+	for _, sc := range local {
+		req.Entries = append(req.Entries, sc.m)
+	}
+	sort.Slice(req.Entries, func(a, b int) bool { return req.Entries[a].P < req.Entries[b].P })
+	resp, err := sd.s.sendManifest(ctx, rt, req)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	need := make(map[string]bool, len(resp.Need))
+	for _, p := range resp.Need {
+		need[p] = true
+		sd.touch(key{i, p}, now, true)
+	}
+	for _, p := range resp.Extra {
+		if _, ok := local[p]; !ok && !strings.HasPrefix(p, "/") && path.Clean(p) == p {
+			sd.touch(key{i, p}, now, true)
+		}
+	}
+	// What the peer has exactly as we do is confirmed; nothing else is.
+	agreed := make(map[string]entry, len(local))
+	for p, sc := range local {
+		if !need[p] {
+			agreed[p] = sc.ent
+		}
+	}
+	rt.rec.mu.Lock()
+	rt.rec.m, rt.rec.dirty = agreed, true
+	rt.rec.mu.Unlock()
+	return nil
+}

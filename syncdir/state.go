@@ -1,0 +1,308 @@
+package syncdir
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+)
+
+// epochStore keeps the highest fencing epoch this node has seen, on disk,
+// so a restarted receiver still refuses an old ACTIVE.
+type epochStore struct {
+	mu      sync.Mutex
+	file    string
+	highest int64
+}
+
+func openEpochStore(dir string) (*epochStore, error) {
+	e := &epochStore{file: filepath.Join(dir, "epoch")}
+	b, err := os.ReadFile(e.file)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return e, nil
+	case err != nil:
+		return nil, fmt.Errorf("syncdir: read epoch: %w", err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || n < 0 {
+		return nil, fmt.Errorf("syncdir: %s holds %q, not an epoch", e.file, b)
+	}
+	e.highest = n
+	return e, nil
+}
+
+func (e *epochStore) get() int64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.highest
+}
+
+// admit reports whether epoch may act (not below the highest), and records
+// it durably when it is higher before anyone is answered.
+func (e *epochStore) admit(epoch int64) (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if epoch < e.highest {
+		return false, nil
+	}
+	if epoch == e.highest {
+		return true, nil
+	}
+	if err := writeFileSync(e.file, []byte(strconv.FormatInt(epoch, 10)+"\n")); err != nil {
+		return false, fmt.Errorf("syncdir: record epoch: %w", err)
+	}
+	e.highest = epoch
+	return true, nil
+}
+
+// writeFileSync replaces file atomically and durably.
+func writeFileSync(file string, b []byte) error {
+	tmp := file + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, file)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return syncDir(filepath.Dir(file))
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// entry is what this node knows both sides agreed on for one path: a file
+// received from the peer, or a local file the peer confirmed. A local file
+// that does not match its entry was written here and never delivered.
+type entry struct {
+	Kind  byte // 'f' file, 'd' dir, 'l' symlink
+	Size  int64
+	Mtime int64
+	Mode  uint32
+	Ino   uint64
+}
+
+func entryOf(fi fs.FileInfo) entry {
+	e := entry{Size: fi.Size(), Mtime: fi.ModTime().UnixNano(), Mode: unixMode(fi.Mode())}
+	switch {
+	case fi.Mode().IsDir():
+		e.Kind, e.Size, e.Mtime = 'd', 0, 0
+	case fi.Mode()&fs.ModeSymlink != 0:
+		e.Kind = 'l'
+	default:
+		e.Kind = 'f'
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		e.Ino = st.Ino
+	}
+	return e
+}
+
+// same reports whether the content-bearing attributes match (inode ignored).
+func (e entry) same(o entry) bool {
+	return e.Kind == o.Kind && e.Size == o.Size && e.Mtime == o.Mtime && e.Mode == o.Mode
+}
+
+// sameContent ignores the mode: a chmod alone is not a lost write.
+func (e entry) sameContent(o entry) bool {
+	return e.Kind == o.Kind && e.Size == o.Size && e.Mtime == o.Mtime
+}
+
+// record is the per-root map of agreed paths. It is flushed lazily: losing
+// the tail of it on a crash only makes the receiver quarantine more, never less.
+type record struct {
+	fmu   sync.Mutex // serialises flushes
+	mu    sync.Mutex
+	file  string
+	m     map[string]entry
+	dirty bool
+}
+
+func openRecord(dir, root string) (*record, error) {
+	r := &record{file: filepath.Join(dir, "record-"+root), m: map[string]entry{}}
+	b, err := os.ReadFile(r.file)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return r, nil
+	case err != nil:
+		return nil, fmt.Errorf("syncdir: read record: %w", err)
+	}
+	if m, err := decodeRecord(b); err == nil {
+		r.m = m
+	} // else: a corrupt record only costs extra quarantine; do not refuse to start
+	return r, nil
+}
+
+// The record file is one line per path: kind size mtime mode inode "path".
+// Plain text, no reflection: it is rewritten every few seconds while busy.
+func encodeRecord(m map[string]entry) []byte {
+	b := make([]byte, 0, len(m)*64)
+	for p, e := range m {
+		b = append(b, e.Kind, ' ')
+		b = strconv.AppendInt(b, e.Size, 10)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, e.Mtime, 10)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, uint64(e.Mode), 8)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, e.Ino, 10)
+		b = append(b, ' ')
+		b = strconv.AppendQuote(b, p)
+		b = append(b, '\n')
+	}
+	return b
+}
+
+func decodeRecord(b []byte) (map[string]entry, error) {
+	m := map[string]entry{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" {
+			continue
+		}
+		f := strings.SplitN(line, " ", 6)
+		if len(f) != 6 || len(f[0]) != 1 {
+			return nil, fmt.Errorf("bad record line %q", line)
+		}
+		var e entry
+		var err [4]error
+		e.Kind = f[0][0]
+		e.Size, err[0] = strconv.ParseInt(f[1], 10, 64)
+		e.Mtime, err[1] = strconv.ParseInt(f[2], 10, 64)
+		mode, err2 := strconv.ParseUint(f[3], 8, 32)
+		e.Mode, err[2] = uint32(mode), err2
+		e.Ino, err[3] = strconv.ParseUint(f[4], 10, 64)
+		p, perr := strconv.Unquote(f[5])
+		if err := errors.Join(err[0], err[1], err[2], err[3], perr); err != nil {
+			return nil, fmt.Errorf("bad record line %q: %w", line, err)
+		}
+		m[p] = e
+	}
+	return m, nil
+}
+
+func (r *record) get(p string) (entry, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.m[p]
+	return e, ok
+}
+
+func (r *record) set(p string, e entry) {
+	r.mu.Lock()
+	r.m[p] = e
+	r.dirty = true
+	r.mu.Unlock()
+}
+
+// removeTree forgets p and everything below it.
+func (r *record) removeTree(p string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, p)
+	pre := p + "/"
+	for k := range r.m {
+		if strings.HasPrefix(k, pre) {
+			delete(r.m, k)
+		}
+	}
+	r.dirty = true
+}
+
+// renameTree moves the entries of from (and below) to to.
+func (r *record) renameTree(from, to string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	pre := from + "/"
+	moved := map[string]entry{}
+	for k, e := range r.m {
+		if k == from {
+			moved[to] = e
+			delete(r.m, k)
+		} else if rest, ok := strings.CutPrefix(k, pre); ok {
+			moved[to+"/"+rest] = e
+			delete(r.m, k)
+		}
+	}
+	for k := range r.m {
+		if k == to || strings.HasPrefix(k, to+"/") {
+			delete(r.m, k)
+		}
+	}
+	for k, e := range moved {
+		r.m[k] = e
+	}
+	r.dirty = true
+}
+
+func (r *record) flush() error {
+	r.fmu.Lock()
+	defer r.fmu.Unlock()
+	r.mu.Lock()
+	if !r.dirty {
+		r.mu.Unlock()
+		return nil
+	}
+	b := encodeRecord(r.m)
+	r.dirty = false
+	r.mu.Unlock()
+	if err := writeFileSync(r.file, b); err != nil {
+		r.mu.Lock()
+		r.dirty = true
+		r.mu.Unlock()
+		return fmt.Errorf("syncdir: write record: %w", err)
+	}
+	return nil
+}
+
+// unixMode converts Go's mode bits to the chmod(2) number sent on the wire.
+func unixMode(m fs.FileMode) uint32 {
+	u := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		u |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		u |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		u |= 0o1000
+	}
+	return u
+}
+
+// fileMode is the inverse of unixMode.
+func fileMode(u uint32) fs.FileMode {
+	m := fs.FileMode(u & 0o777)
+	if u&0o4000 != 0 {
+		m |= fs.ModeSetuid
+	}
+	if u&0o2000 != 0 {
+		m |= fs.ModeSetgid
+	}
+	if u&0o1000 != 0 {
+		m |= fs.ModeSticky
+	}
+	return m
+}

@@ -1,0 +1,469 @@
+// Package syncdir keeps application directories identical on the two data
+// nodes, one way only: from the ACTIVE node to the PASSIVE one. The sender
+// watches the trees with inotify and pushes each change over HTTP/2+TLS; the
+// receiver applies it atomically inside the root. Both are fenced by the
+// epoch of the ACTIVE key: a node refuses pushes while it is (becoming)
+// ACTIVE and from any epoch lower than the highest it has recorded, and a
+// sender stops the moment its node may no longer act as ACTIVE.
+package syncdir
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Fence is what roled tells the sync about the node's role.
+type Fence interface {
+	// Holding is true while the node holds or is taking the active key:
+	// the receiver then refuses all pushes.
+	Holding() bool
+	// ActiveEpoch returns the epoch, and true only if the node is ACTIVE
+	// and its local deadline has not passed.
+	ActiveEpoch() (int64, bool)
+}
+
+// rootState is one synced tree at run time.
+type rootState struct {
+	cfg     Root
+	name    string
+	abs     string
+	ex      excluder
+	rec     *record
+	peerURL string
+	root    *os.Root // opened by Run
+
+	dmu      sync.Mutex // guards dirSyncs
+	dirSyncs map[string]*dirSync
+}
+
+// Syncer is the sender and the receiver of one node.
+type Syncer struct {
+	cfg        Config
+	lg         *zap.Logger
+	m          *Metrics
+	fence      Fence
+	node       string
+	token      string
+	roots      []*rootState
+	rootByName map[string]*rootState
+	epochs     *epochStore
+	client     *http.Client
+	serverTLS  *tls.Config
+	st         stats
+
+	qmu         sync.Mutex
+	quarantined []QuarantinedFile
+
+	// ln may be set before Run (tests) to serve on an existing listener.
+	ln net.Listener
+	// newWatcher builds the inotify watcher (replaced in tests).
+	newWatcher func() (watcher, error)
+
+	mu      sync.Mutex
+	runCtx  context.Context
+	wg      sync.WaitGroup
+	want    int64 // epoch to send with; 0 while PASSIVE
+	running *senderRun
+
+	// vmu guards view; separate from mu, which SetPassive holds while it
+	// waits for the sender, and the sender publishes until it stops.
+	vmu  sync.Mutex
+	view senderView
+}
+
+type senderRun struct {
+	epoch  int64
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// senderView is what the sender publishes for Status.
+type senderView struct {
+	queueDepth    int
+	lag           time.Duration
+	lastReconcile time.Time
+	lastError     string
+	lastErrorAt   time.Time
+}
+
+// New checks cfg and prepares the state directory; it starts nothing.
+func New(cfg Config, lg *zap.Logger, m *Metrics, f Fence) (*Syncer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if f == nil {
+		return nil, errors.New("syncdir: a Fence is required")
+	}
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	s := &Syncer{cfg: cfg, lg: lg, m: m, fence: f, node: cfg.Node, rootByName: map[string]*rootState{}, newWatcher: newInotify}
+	s.st.errors, s.st.rejected = map[string]uint64{}, map[string]uint64{}
+	if s.node == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("syncdir: node name: %w", err)
+		}
+		s.node = h
+	}
+	if cfg.TokenFile != "" {
+		t, err := readToken(cfg.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("syncdir: %w", err)
+		}
+		s.token = t
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("syncdir: state dir: %w", err)
+	}
+	var err error
+	if s.epochs, err = openEpochStore(cfg.StateDir); err != nil {
+		return nil, err
+	}
+	m.highestEpoch.Set(float64(s.epochs.get()))
+	if err := s.setupTLS(); err != nil {
+		return nil, err
+	}
+	for _, r := range cfg.Roots {
+		if err := s.addRoot(r); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *Syncer) addRoot(r Root) error {
+	rec, err := openRecord(s.cfg.StateDir, r.name())
+	if err != nil {
+		return err
+	}
+	peer := r.Peer
+	if peer == "" {
+		peer = s.cfg.Peer
+	}
+	scheme := "https://"
+	if s.cfg.Insecure && s.cfg.TLS.CertFile == "" {
+		scheme = "http://"
+	}
+	rt := &rootState{cfg: r, name: r.name(), abs: r.Path, ex: newExcluder(r.excludes()), rec: rec, peerURL: scheme + peer, dirSyncs: map[string]*dirSync{}}
+	s.roots = append(s.roots, rt)
+	s.rootByName[rt.name] = rt
+	return nil
+}
+
+func (s *Syncer) setupTLS() error {
+	tr := &http.Transport{
+		ForceAttemptHTTP2:   true,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 10 * time.Second,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		HTTP2: &http.HTTP2Config{
+			SendPingTimeout:               10 * time.Second,
+			PingTimeout:                   5 * time.Second,
+			MaxReceiveBufferPerConnection: 8 << 20,
+			MaxReceiveBufferPerStream:     1 << 20,
+		},
+	}
+	tr.Protocols = new(http.Protocols)
+	if s.cfg.TLS.CertFile == "" {
+		// Only reachable with insecure: true (Validate).
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	} else {
+		tr.Protocols.SetHTTP2(true)
+		cc, err := s.cfg.TLS.ClientConfig()
+		if err != nil {
+			return fmt.Errorf("syncdir: %w", err)
+		}
+		if s.cfg.Insecure && s.cfg.TLS.CAFile == "" {
+			cc.InsecureSkipVerify = true
+		}
+		tr.TLSClientConfig = cc
+		sc, err := s.cfg.TLS.ServerConfig()
+		if err != nil {
+			return fmt.Errorf("syncdir: %w", err)
+		}
+		s.serverTLS = sc
+	}
+	s.client = &http.Client{Transport: tr}
+	return nil
+}
+
+// Run serves the receiver, runs the sender while the node is ACTIVE, and
+// flushes the records; it returns when ctx is done and all is stopped.
+func (s *Syncer) Run(ctx context.Context) error {
+	if !s.cfg.Enabled() {
+		s.lg.Info("sync disabled: no roots configured")
+		<-ctx.Done()
+		return nil
+	}
+	if err := s.openRoots(); err != nil {
+		return err
+	}
+	defer s.closeRoots()
+	ln := s.ln
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", s.cfg.Listen); err != nil {
+			return fmt.Errorf("syncdir: listen: %w", err)
+		}
+	}
+	srv := s.newServer()
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- s.serve(srv, ln) }()
+	s.lg.Info("sync receiver listening", zap.String("addr", ln.Addr().String()), zap.Bool("tls", s.serverTLS != nil))
+
+	s.mu.Lock()
+	s.runCtx = ctx
+	if s.want != 0 {
+		s.startSenderLocked()
+	}
+	s.mu.Unlock()
+
+	err := s.loop(ctx, serveErr)
+
+	s.mu.Lock()
+	s.runCtx = nil
+	s.mu.Unlock()
+	s.SetPassive()
+	s.wg.Wait()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if serr := srv.Shutdown(sctx); serr != nil {
+		srv.Close()
+	}
+	s.flushRecords()
+	s.client.CloseIdleConnections()
+	return err
+}
+
+func (s *Syncer) loop(ctx context.Context, serveErr <-chan error) error {
+	t := time.NewTicker(recordFlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-serveErr:
+			return fmt.Errorf("syncdir: receiver: %w", err)
+		case <-t.C:
+			s.flushRecords()
+		}
+	}
+}
+
+// recordFlushInterval bounds how much of the record a crash can lose (which
+// only means more quarantine after the restart).
+const recordFlushInterval = 3 * time.Second
+
+func (s *Syncer) flushRecords() {
+	for _, rt := range s.roots {
+		if err := rt.rec.flush(); err != nil {
+			s.countError("state")
+			s.lg.Error("sync record not saved", zap.String("root", rt.name), zap.Error(err))
+		}
+	}
+}
+
+func (s *Syncer) openRoots() error {
+	for _, rt := range s.roots {
+		if err := os.MkdirAll(rt.abs, 0o755); err != nil {
+			return fmt.Errorf("syncdir: root %s: %w", rt.name, err)
+		}
+		r, err := os.OpenRoot(rt.abs)
+		if err != nil {
+			s.closeRoots()
+			return fmt.Errorf("syncdir: root %s: %w", rt.name, err)
+		}
+		rt.root = r
+	}
+	return nil
+}
+
+func (s *Syncer) closeRoots() {
+	for _, rt := range s.roots {
+		if rt.root != nil {
+			rt.root.Close()
+		}
+	}
+}
+
+func (s *Syncer) newServer() *http.Server {
+	srv := &http.Server{
+		Handler:           s,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		TLSConfig:         s.serverTLS,
+		ErrorLog:          log.New(&serverLog{s: s}, "", 0),
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          256,
+			MaxReceiveBufferPerConnection: 16 << 20,
+			MaxReceiveBufferPerStream:     4 << 20,
+			MaxReadFrameSize:              1 << 20,
+		},
+	}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	if s.serverTLS != nil {
+		srv.Protocols.SetHTTP2(true)
+	} else {
+		srv.Protocols.SetUnencryptedHTTP2(true)
+	}
+	return srv
+}
+
+func (s *Syncer) serve(srv *http.Server, ln net.Listener) error {
+	var err error
+	if s.serverTLS != nil {
+		err = srv.ServeTLS(ln, "", "")
+	} else {
+		err = srv.Serve(ln)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// serverLog turns net/http's own complaints (bad TLS handshakes, broken
+// connections) into log lines and rejection counts.
+type serverLog struct{ s *Syncer }
+
+func (l *serverLog) Write(b []byte) (int, error) {
+	msg := strings.TrimSpace(string(b))
+	if strings.Contains(msg, "TLS handshake error") {
+		l.s.countRejected("tls")
+	}
+	l.s.lg.Warn("sync receiver", zap.String("msg", msg))
+	return len(b), nil
+}
+
+// SetActive starts the sender with epoch (after roled serves 200) and
+// records epoch as the highest seen.
+func (s *Syncer) SetActive(epoch int64) {
+	if ok, err := s.epochs.admit(epoch); err != nil {
+		s.countError("state")
+		s.lg.Error("sync epoch not recorded", zap.Int64("epoch", epoch), zap.Error(err))
+	} else if !ok {
+		// The peer will refuse every push; say why up front.
+		s.lg.Error("sync: active with an epoch below the highest recorded",
+			zap.Int64("epoch", epoch), zap.Int64("highest", s.epochs.get()))
+	}
+	s.m.highestEpoch.Set(float64(s.epochs.get()))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.want == epoch && s.running != nil {
+		return
+	}
+	s.stopSenderLocked()
+	s.want = epoch
+	if s.runCtx != nil {
+		s.startSenderLocked()
+	}
+}
+
+// SetPassive stops the sender and returns once it has stopped.
+func (s *Syncer) SetPassive() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.want = 0
+	s.stopSenderLocked()
+}
+
+func (s *Syncer) stopSenderLocked() {
+	if s.running == nil {
+		return
+	}
+	s.running.cancel()
+	<-s.running.done
+	s.running = nil
+	s.m.sending.Set(0)
+}
+
+func (s *Syncer) startSenderLocked() {
+	if len(s.roots) == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(s.runCtx)
+	r := &senderRun{epoch: s.want, cancel: cancel, done: make(chan struct{})}
+	s.running = r
+	s.m.sending.Set(1)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(r.done)
+		s.runSender(ctx, r.epoch)
+	}()
+}
+
+// Status is the sync part of roled's /role answer.
+type Status struct {
+	Node             string            `json:"node"`
+	Sending          bool              `json:"sending"`
+	Epoch            int64             `json:"epoch"`
+	HighestEpoch     int64             `json:"highest_epoch"`
+	QueueDepth       int               `json:"queue_depth"`
+	LagSeconds       float64           `json:"lag_seconds"`
+	LastReconcile    *time.Time        `json:"last_reconcile,omitempty"`
+	LastError        string            `json:"last_error,omitempty"`
+	LastErrorAt      *time.Time        `json:"last_error_at,omitempty"`
+	FilesSent        uint64            `json:"files_sent"`
+	BytesSent        uint64            `json:"bytes_sent"`
+	FilesReceived    uint64            `json:"files_received"`
+	BytesReceived    uint64            `json:"bytes_received"`
+	Errors           map[string]uint64 `json:"errors"`
+	Rejected         map[string]uint64 `json:"rejected"`
+	QuarantinedTotal uint64            `json:"quarantined_total"`
+	Quarantined      []QuarantinedFile `json:"quarantined"`
+	Roots            []string          `json:"roots"`
+}
+
+// Status reports the sync state from memory.
+func (s *Syncer) Status() Status {
+	s.mu.Lock()
+	st := Status{Node: s.node, Sending: s.running != nil, Epoch: s.want}
+	s.mu.Unlock()
+	s.vmu.Lock()
+	st.QueueDepth, st.LagSeconds, st.LastError = s.view.queueDepth, s.view.lag.Seconds(), s.view.lastError
+	if !s.view.lastReconcile.IsZero() {
+		t := s.view.lastReconcile
+		st.LastReconcile = &t
+	}
+	if !s.view.lastErrorAt.IsZero() {
+		t := s.view.lastErrorAt
+		st.LastErrorAt = &t
+	}
+	s.vmu.Unlock()
+	st.HighestEpoch = s.epochs.get()
+	st.FilesSent, st.BytesSent = s.st.filesSent.Load(), s.st.bytesSent.Load()
+	st.FilesReceived, st.BytesReceived = s.st.filesReceived.Load(), s.st.bytesReceived.Load()
+	st.Errors = copyCounts(&s.st.mu, s.st.errors)
+	st.Rejected = copyCounts(&s.st.mu, s.st.rejected)
+	st.QuarantinedTotal = s.st.quarantined.Load()
+	s.qmu.Lock()
+	st.Quarantined = append([]QuarantinedFile{}, s.quarantined...)
+	s.qmu.Unlock()
+	for _, rt := range s.roots {
+		st.Roots = append(st.Roots, filepath.Clean(rt.abs))
+	}
+	return st
+}
+
+func (s *Syncer) publish(f func(v *senderView)) {
+	s.vmu.Lock()
+	f(&s.view)
+	s.vmu.Unlock()
+}
