@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding"
 	"errors"
 	"flag"
 	"fmt"
@@ -122,7 +123,10 @@ func (f *fieldFlag) apply() error {
 	return nil
 }
 
-var durationType = reflect.TypeOf(time.Duration(0))
+var (
+	durationType        = reflect.TypeOf(time.Duration(0))
+	textUnmarshalerType = reflect.TypeOf((*encoding.TextUnmarshaler)(nil)).Elem()
+)
 
 // bindFields registers a flag for every scalar field of the struct v, recursing
 // into nested structs (not into slices or maps of structs, which have no
@@ -161,6 +165,12 @@ var errUnsupported = errors.New("unsupported flag type")
 // parseScalar converts s to a value of type t. An empty s is only used to
 // probe support, so conversion errors on it are not reported as unsupported.
 func parseScalar(t reflect.Type, s string) (reflect.Value, error) {
+	if reflect.PointerTo(t).Implements(textUnmarshalerType) {
+		// A type that reads its own text ("64MB") reads flags the same way.
+		v := reflect.New(t)
+		err := v.Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(s))
+		return v.Elem(), err
+	}
 	if t == durationType {
 		d, err := time.ParseDuration(s)
 		return reflect.ValueOf(d), err

@@ -101,3 +101,30 @@ func TestVersionSkipsValidation(t *testing.T) {
 		t.Fatalf("cmd %+v err %v", cmd, err)
 	}
 }
+
+type size int64
+
+func (s *size) UnmarshalText(b []byte) error {
+	if string(b) == "64MB" {
+		*s = 64 << 20
+		return nil
+	}
+	return errors.New("want 64MB")
+}
+
+type withSize struct {
+	Max size `yaml:"max"`
+}
+
+func (*withSize) Validate() error { return nil }
+
+// A field type that parses its own text is parsed the same way from a flag.
+func TestTextUnmarshalerFlag(t *testing.T) {
+	cfg := &withSize{}
+	if _, err := ParseCommandLine("x", []string{"--max", "64MB"}, "", cfg); err != nil || cfg.Max != 64<<20 {
+		t.Fatalf("max=%d err=%v", cfg.Max, err)
+	}
+	if _, err := ParseCommandLine("x", []string{"--max", "lots"}, "", &withSize{}); err == nil {
+		t.Fatal("bad size accepted")
+	}
+}
