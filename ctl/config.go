@@ -33,9 +33,11 @@ type Config struct {
 	Namespace string        `yaml:"namespace"`
 	Timeout   time.Duration `yaml:"timeout"`
 	Etcd      config.Etcd   `yaml:"etcd"`
-	Nodes     []Node        `yaml:"nodes"`
-	LB        LB            `yaml:"lb"`
-	Drill     Drill         `yaml:"drill"`
+	// WitnessNames are the etcd members that are witnesses (status marks them).
+	WitnessNames []string `yaml:"witness-names"`
+	Nodes        []Node   `yaml:"nodes"`
+	LB           LB       `yaml:"lb"`
+	Drill        Drill    `yaml:"drill"`
 }
 
 // Node is one data node and how to reach its parts.
@@ -69,8 +71,8 @@ type Drill struct {
 func DefaultConfig() Config {
 	return Config{
 		Cluster: "hapair", Roled: "http://127.0.0.1:7400", Scope: "hapair", Namespace: "/service", Timeout: 2 * time.Second,
-		Etcd: config.DefaultEtcd(),
-		LB:   LB{AdminURL: "http://127.0.0.1:7480", Backend: "app", WritePath: "/write", WhoPath: "/health"},
+		Etcd: config.DefaultEtcd(), WitnessNames: []string{"witness"},
+		LB: LB{AdminURL: "http://127.0.0.1:7480", Backend: "app", WritePath: "/write", WhoPath: "/health"},
 		Drill: Drill{ProbeInterval: 50 * time.Millisecond, PhaseTimeout: 90 * time.Second,
 			Settle: 3 * time.Second},
 	}

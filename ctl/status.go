@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -126,7 +127,7 @@ func (c *Client) etcdStatus(ctx context.Context, st *Status) {
 		st.EtcdErr = "member list: " + err.Error()
 	} else {
 		for _, m := range ml.Members {
-			em := EtcdMember{Name: m.Name, Witness: strings.Contains(m.Name, "witness")}
+			em := EtcdMember{Name: m.Name, Witness: slices.Contains(c.Cfg.WitnessNames, m.Name)}
 			if len(m.ClientURLs) > 0 {
 				em.Endpoint = m.ClientURLs[0]
 				if s, err := cli.Status(ctx, em.Endpoint); err != nil {

@@ -1,0 +1,198 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// AppPort is the test application's HTTP port on each data node.
+const AppPort = 8080
+
+// App is the lab's test application: like a real one it writes to its local
+// database (always 127.0.0.1) and to the synced directory, and knows nothing
+// about roles.
+type App struct {
+	node   string
+	dir    string // synced directory; files go to <dir>/w/<id>.txt
+	marker string // roled's marker file, copied into each file (epoch proof)
+	dsn    string
+	conns  chan *pgx.Conn // idle connections to the local database
+	slots  chan struct{}  // bounds open connections, like any application pool
+	table  atomic.Bool
+}
+
+// RunApp serves the test application until ctx ends ("hapair-lab app").
+func RunApp(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("app", flag.ContinueOnError)
+	node := fs.String("node", "", "node name")
+	listen := fs.String("listen", ":"+strconv.Itoa(AppPort), "listen address")
+	dir := fs.String("dir", "", "synced directory")
+	marker := fs.String("marker", "", "roled marker file")
+	dsn := fs.String("dsn", "postgres://postgres:postgres@127.0.0.1:5432/postgres?connect_timeout=1", "local PostgreSQL")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if _, err := pgx.ParseConfig(*dsn); err != nil {
+		return fmt.Errorf("dsn: %w", err)
+	}
+	a := &App{node: *node, dir: *dir, marker: *marker, dsn: *dsn, conns: make(chan *pgx.Conn, 4),
+		slots: make(chan struct{}, 4)}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/health", a.health)
+	mux.HandleFunc("/write", a.write)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func (a *App) health(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]string{"node": a.node})
+}
+
+// WriteResult is /write's answer.
+type WriteResult struct {
+	Node  string `json:"node"`
+	ID    int64  `json:"id"`
+	Error string `json:"error,omitempty"`
+}
+
+// write inserts row id into the local database, then writes file w/<id>.txt.
+// 503 when the database refuses (a replica is read-only).
+func (a *App) write(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.URL.Query().Get("id"), 10, 64)
+	res := WriteResult{Node: a.node, ID: id}
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		res.Error = "id: " + err.Error()
+		_ = json.NewEncoder(w).Encode(res)
+		return
+	}
+	if err := a.insert(r.Context(), id); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		res.Error = err.Error()
+		_ = json.NewEncoder(w).Encode(res)
+		return
+	}
+	if err := a.writeFile(id); err != nil {
+		w.WriteHeader(http.StatusInternalServerError)
+		res.Error = err.Error()
+		_ = json.NewEncoder(w).Encode(res)
+		return
+	}
+	_ = json.NewEncoder(w).Encode(res)
+}
+
+// conn takes an idle connection or opens one; pooled says which.
+func (a *App) conn(ctx context.Context) (c *pgx.Conn, pooled bool, err error) {
+	select {
+	case c := <-a.conns:
+		return c, true, nil
+	default:
+		c, err := pgx.Connect(ctx, a.dsn)
+		return c, false, err
+	}
+}
+
+// release keeps a healthy connection for the next request.
+func (a *App) release(c *pgx.Conn, err error) {
+	if err != nil {
+		_ = c.Close(context.Background())
+		return
+	}
+	select {
+	case a.conns <- c:
+	default:
+		_ = c.Close(context.Background())
+	}
+}
+
+// insert writes the row; a pooled connection that died (the database was
+// restarted by a switchover) is retried once on a fresh one, as any real
+// application's pool would.
+func (a *App) insert(ctx context.Context, id int64) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	select {
+	case a.slots <- struct{}{}:
+		defer func() { <-a.slots }()
+	case <-ctx.Done():
+		return fmt.Errorf("no database connection free: %w", ctx.Err())
+	}
+	c, pooled, err := a.conn(ctx)
+	if err != nil {
+		return err
+	}
+	err = a.insertOn(ctx, c, id)
+	a.release(c, err)
+	if err == nil || !pooled {
+		return err
+	}
+	if c, err = pgx.Connect(ctx, a.dsn); err != nil {
+		return err
+	}
+	err = a.insertOn(ctx, c, id)
+	a.release(c, err)
+	return err
+}
+
+func (a *App) insertOn(ctx context.Context, c *pgx.Conn, id int64) error {
+	if !a.table.Load() {
+		_, err := c.Exec(ctx, `CREATE TABLE IF NOT EXISTS lab_writes (
+			id bigint PRIMARY KEY, node text NOT NULL, at timestamptz NOT NULL DEFAULT now())`)
+		// A concurrent CREATE may lose the race on the catalog's unique
+		// index; the INSERT below tells whether the table is there.
+		if err == nil {
+			a.table.Store(true)
+		}
+	}
+	_, err := c.Exec(ctx, `INSERT INTO lab_writes (id, node) VALUES ($1, $2)`, id, a.node)
+	return err
+}
+
+func (a *App) writeFile(id int64) error {
+	if a.dir == "" {
+		return nil
+	}
+	d := filepath.Join(a.dir, "w")
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return err
+	}
+	marker := ""
+	if a.marker != "" {
+		b, _ := os.ReadFile(a.marker)
+		marker = strings.TrimSpace(string(b))
+	}
+	body := fmt.Sprintf("id=%d node=%s at=%s marker=%s\n", id, a.node, time.Now().UTC().Format(time.RFC3339Nano), marker)
+	tmp := filepath.Join(d, fmt.Sprintf(".%d.tmp", id))
+	if err := os.WriteFile(tmp, []byte(body), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(d, fmt.Sprintf("%d.txt", id)))
+}

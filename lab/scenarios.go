@@ -1,0 +1,640 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hapair/hapair/ctl"
+)
+
+// needParts marks r skipped when a part the scenario needs was not built.
+func needParts(l *Lab, r *Result, bins ...string) bool {
+	for _, b := range bins {
+		if l.Bin(b) == "" {
+			r.Skipped = b + " not built"
+			r.note("needs %s, which did not build: skipped", b)
+			return false
+		}
+	}
+	return true
+}
+
+// Bootstrap (1): nodea primary + ACTIVE, nodeb replica + PASSIVE, a file
+// written through the lb on nodea reaches nodeb, status shows all of it.
+func Bootstrap(ctx context.Context, l *Lab, r *Result) {
+	c := l.Ctl()
+	st := c.Status(ctx)
+	var buf bytes.Buffer
+	_ = st.WriteTable(&buf)
+	r.note("hapairctl status:\n%s", buf.String())
+	healthy := 0
+	for _, m := range st.Etcd {
+		if m.Healthy {
+			healthy++
+		}
+	}
+	if healthy != 3 {
+		r.fail("etcd: %d healthy members, want 3 (%s)", healthy, st.EtcdErr)
+	}
+	if len(st.Patroni) != 2 {
+		r.fail("patroni: %d members, want 2", len(st.Patroni))
+	}
+	if l.Bin(BinRoled) != "" {
+		for _, n := range st.Roled {
+			want := map[string]string{NodeA: "active", NodeB: "passive"}[n.Node]
+			if n.Role != want {
+				r.fail("roled %s: role %q, want %q", n.Node, n.Role, want)
+			}
+		}
+	}
+	if l.Bin(BinLB) == "" {
+		r.note("hapair-lb missing: no write through the balancer")
+		return
+	}
+	if s := st.Serving("app"); len(s) != 1 || s[0] != NodeA {
+		r.fail("balancer serves %v, want [nodea]", s)
+	}
+	p := c.NewProbe(time.Second)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	p.Run(pctx)
+	cancel()
+	samples := p.Samples()
+	if len(samples) != 1 || !samples[0].OK || samples[0].Node != NodeA {
+		r.fail("write through the lb: %+v", samples)
+		return
+	}
+	id := samples[0].ID
+	t0 := time.Now()
+	ok := poll(ctx, 15*time.Second, 20*time.Millisecond, func() bool { return l.FileNode(NodeB, id) == NodeA })
+	if !ok {
+		r.fail("file w/%d.txt written on nodea did not reach nodeb within 15s (syncdir in roled?)", id)
+		return
+	}
+	r.secs("file written through lb visible on nodeb after", time.Since(t0))
+}
+
+// Switchovers (2): A→B and B→A through hapairctl's switchover, with the
+// balancer's hold on, then off.
+func Switchovers(ctx context.Context, l *Lab, r *Result) {
+	if !needParts(l, r, BinLB) {
+		return
+	}
+	for _, hold := range []string{"5s", "0s"} {
+		if err := l.SetHold(ctx, hold); err != nil {
+			r.fail("hold %s: %v", hold, err)
+			continue
+		}
+		label := "hold on"
+		if hold == "0s" {
+			label = "hold off"
+		}
+		for range l.Opt.Repeat {
+			for _, to := range []string{NodeB, NodeA} {
+				switchoverOnce(ctx, l, r, label, to)
+			}
+		}
+	}
+	_ = l.SetHold(ctx, "5s")
+}
+
+func switchoverOnce(ctx context.Context, l *Lab, r *Result, label, to string) {
+	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // writes before the switchover
+	t0 := time.Now()
+	res, err := l.Ctl().Switchover(ctx, to, l.Out)
+	if err == nil {
+		err = l.WaitSettled(ctx, to, 30*time.Second)
+	}
+	time.Sleep(time.Second) // writes after it
+	stop()
+	name := fmt.Sprintf("switchover -> %s (%s)", to, label)
+	if err != nil {
+		r.fail("%s: %v", name, err)
+		return
+	}
+	rep := ctl.Analyze(pr.probe.Samples(), t0)
+	r.note("%s: %s", name, rep)
+	r.fig(name+": failed writes", float64(rep.Failed), "")
+	r.secs(name+": visible downtime", rep.Downtime)
+	r.secs(name+": max wait", rep.MaxWait)
+	r.secs(name+": Patroni REST returned", res.PatroniDone)
+	followFigures(r, pr, rep, name, to, t0)
+	if dual, _ := pr.ha.Dual(); dual > 0 {
+		r.fail("%s: checker saw two ACTIVE nodes in %d rounds", name, dual)
+	}
+	if label == "hold on" && rep.Failed > 0 {
+		r.note("%s: %d failed writes with hold on (goal 0)", name, rep.Failed)
+	}
+}
+
+// DrillBoth (3): hapairctl drill, both directions; the returning node is
+// replica + PASSIVE and no file written on the new ACTIVE is overwritten.
+func DrillBoth(ctx context.Context, l *Lab, r *Result) {
+	if !needParts(l, r, BinLB) {
+		return
+	}
+	c := l.Ctl()
+	pg := l.NewPGChecker(50 * time.Millisecond)
+	pctx, stopPG := context.WithCancel(ctx)
+	pgDone := make(chan struct{})
+	go func() { pg.Run(pctx); close(pgDone) }()
+	var buf bytes.Buffer
+	var phases []ctl.DrillPhase
+	var err error
+	for range l.Opt.Repeat {
+		var ph []ctl.DrillPhase
+		ph, err = c.Drill(ctx, io.MultiWriter(&buf, l.Out))
+		phases = append(phases, ph...)
+		if err != nil {
+			break
+		}
+	}
+	stopPG()
+	<-pgDone
+	ctl.WriteDrillReport(&buf, phases)
+	r.note("drill:\n%s", buf.String())
+	if err != nil {
+		r.fail("drill: %v", err)
+	}
+	for _, p := range phases {
+		name := "drill, " + p.Victim + " lost"
+		r.secs(name+": Patroni leader on survivor", p.PatroniLeader)
+		r.secs(name+": survivor ACTIVE", p.RoledActive)
+		r.secs(name+": first write through lb", p.FirstWrite)
+		r.fig(name+": failed writes", float64(p.Probe.Failed), "")
+		r.secs(name+": visible downtime", p.Probe.Downtime)
+		r.secs(name+": rejoined as replica+PASSIVE", p.Rejoined)
+		if t, ok := pg.FirstOK(p.Survivor, p.Started); ok && p.FirstWrite > 0 {
+			r.secs(name+": survivor PG accepts writes", t.Sub(p.Started))
+			r.secs(name+": lb routing after new PG writable", p.LBServing-t.Sub(p.Started))
+		}
+	}
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		r.fail("no leader after the drill: %v", err)
+		return
+	}
+	time.Sleep(2 * time.Second) // sync settles
+	// Files written since the drill began must be those of the node that
+	// acknowledged them, on the current ACTIVE.
+	overwritten := 0
+	for _, h := range DataNodes {
+		overwritten += l.staleFiles(h)
+	}
+	if overwritten > 0 {
+		r.fail("%d files on the ACTIVE %s carry another node's content than the one that wrote them", overwritten, leader)
+	}
+}
+
+// staleFiles counts files whose content names a node that is not the one the
+// database row says wrote it (checked against the current primary's table).
+func (l *Lab) staleFiles(host string) int {
+	leader := ""
+	for _, h := range DataNodes {
+		if l.httpCode(Client, fmt.Sprintf("http://%s:%d/primary", IP(h), PatroniPort), time.Second) == 200 {
+			leader = h
+		}
+	}
+	if leader == "" {
+		return 0
+	}
+	rows, err := l.Rows(context.Background(), leader)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for id, node := range rows {
+		if fn := l.FileNode(host, id); fn != "" && fn != node {
+			n++
+		}
+	}
+	return n
+}
+
+// WitnessLost (4): the witness dies; no role change, writes keep working;
+// it comes back and rejoins.
+func WitnessLost(ctx context.Context, l *Lab, r *Result) {
+	if !needParts(l, r, BinLB) {
+		return
+	}
+	c := l.Ctl()
+	before := c.Roled(ctx, c.Cfg.Nodes[0])
+	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
+	t0 := time.Now()
+	if err := l.KillNode(Witness); err != nil {
+		r.fail("kill witness: %v", err)
+	}
+	time.Sleep(8 * time.Second) // writes without the witness, longer than the lease TTL
+	if err := l.StartNode(Witness); err != nil {
+		r.fail("start witness: %v", err)
+	}
+	back := time.Now()
+	if !poll(ctx, 30*time.Second, 100*time.Millisecond, l.etcdHealthy) {
+		r.fail("witness did not rejoin within 30s")
+	} else {
+		r.secs("witness rejoined (etcd healthy) after restart", time.Since(back))
+	}
+	time.Sleep(time.Second)
+	stop()
+	rep := ctl.Analyze(pr.probe.Samples(), t0)
+	r.note("witness lost: %s", rep)
+	r.fig("witness lost: failed writes", float64(rep.Failed), "")
+	if rep.Failed > 0 {
+		r.fail("%d writes failed while the witness was down", rep.Failed)
+	}
+	after := c.Roled(ctx, c.Cfg.Nodes[0])
+	if l.Bin(BinRoled) != "" && (after.Role != "active" || after.Epoch != before.Epoch) {
+		r.fail("role changed: nodea %s epoch %d → %s epoch %d", before.Role, before.Epoch, after.Role, after.Epoch)
+	}
+}
+
+// partitionRun cuts nodea (the primary) off from nodeb and the witness,
+// holds hold, heals, and returns the probe run.
+func partitionRun(ctx context.Context, l *Lab, r *Result, hold time.Duration) (*probeRun, time.Time, time.Time) {
+	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
+	pr.dualBefore, _ = l.lbDualActive("app")
+	pr.pgDualBefore, _ = l.lbDualActive("pg-primary")
+	time.Sleep(500 * time.Millisecond)
+	t0 := time.Now()
+	l.logf("partition nodea from nodeb and witness")
+	if err := l.Net.Partition(NodeA, NodeB, Witness); err != nil {
+		r.fail("partition: %v", err)
+	}
+	// nodeb must take over while nodea is cut off.
+	ok := poll(ctx, hold, 50*time.Millisecond, func() bool {
+		_, ok := pr.ha.First(NodeB, "active", t0)
+		return ok
+	})
+	if !ok {
+		r.fail("nodeb not ACTIVE within %s of the partition", hold)
+	}
+	time.Sleep(2 * time.Second)
+	heal := time.Now()
+	l.logf("heal nodea")
+	if err := l.Net.Heal(NodeA); err != nil {
+		r.fail("heal: %v", err)
+	}
+	// Let the aftermath play out (LAB.md §6: the takeover came ~10 s after heal).
+	time.Sleep(15 * time.Second)
+	stop()
+	return pr, t0, heal
+}
+
+func reportPartition(l *Lab, r *Result, pr *probeRun, t0 time.Time) {
+	rep := ctl.Analyze(pr.probe.Samples(), t0)
+	r.note("partition: %s", rep)
+	if dual, rounds := pr.ha.Dual(); dual > 0 {
+		r.fail("independent checker saw two ACTIVE nodes in %d of %d rounds (10 ms)", dual, rounds)
+	} else {
+		r.note("independent /ha-health checker from the lb host: 0 dual-ACTIVE rounds of %d", rounds)
+	}
+	if v, err := l.lbDualActive("app"); err == nil && v > pr.dualBefore {
+		r.fail("hapair_lb_dual_active_total{backend=app} rose by %v", v-pr.dualBefore)
+	} else if err == nil {
+		r.note("balancer: hapair_lb_dual_active_total{backend=app} unchanged (%v)", v)
+	}
+	if v, err := l.lbDualActive("pg-primary"); err == nil && v > pr.pgDualBefore {
+		r.note("balancer saw two Patroni /primary 200 at once (pg-primary dual claims +%v): Patroni's /primary is not a fence", v-pr.pgDualBefore)
+	}
+	aPassive, okA := pr.ha.First(NodeA, "passive", t0)
+	if !okA {
+		aPassive, okA = pr.ha.First(NodeA, "unreachable", t0)
+	}
+	bActive, okB := pr.ha.First(NodeB, "active", t0)
+	if okA {
+		r.secs("partition: isolated nodea PASSIVE after", aPassive.Sub(t0))
+	}
+	if okB {
+		r.secs("partition: nodeb ACTIVE after", bActive.Sub(t0))
+	}
+	if okA && okB && !aPassive.Before(bActive) {
+		r.fail("nodeb ACTIVE (%s) before nodea PASSIVE (%s)", bActive.Sub(t0), aPassive.Sub(t0))
+	}
+	followFigures(r, pr, rep, "partition", NodeB, t0)
+	r.fig("partition: failed writes", float64(rep.Failed), "")
+	r.secs("partition: visible downtime", rep.Downtime)
+}
+
+// PartitionDesign (5): Patroni with remote etcd members + use_proxies.
+func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
+	if !needParts(l, r, BinLB, BinRoled) {
+		return
+	}
+	pr, t0, _ := partitionRun(ctx, l, r, 40*time.Second)
+	reportPartition(l, r, pr, t0)
+	if err := l.WaitSettled(ctx, NodeB, 90*time.Second); err != nil {
+		r.fail("after heal: %v", err)
+	}
+	a, err := l.AuditWrites(ctx, NodeB, pr.probe.Samples())
+	if err != nil {
+		r.fail("audit: %v", err)
+		return
+	}
+	r.note("after heal: %s", a)
+	if len(a.Overwritten) > 0 {
+		r.fail("%d files overwritten by the stale node", len(a.Overwritten))
+	}
+}
+
+// PartitionDefaultHosts (6): Patroni 3.0.2 with all three etcd members: the
+// old primary takes the leader key back after the heal (LAB.md §6); roled's
+// takeover guard must keep users away from it and raise the alarm.
+func PartitionDefaultHosts(ctx context.Context, l *Lab, r *Result) {
+	if !needParts(l, r, BinLB, BinRoled) {
+		return
+	}
+	c := l.Ctl()
+	pr, t0, heal := partitionRun(ctx, l, r, 40*time.Second)
+	reportPartition(l, r, pr, t0)
+	st := c.Status(ctx)
+	var buf bytes.Buffer
+	_ = st.WriteTable(&buf)
+	r.note("status after the heal:\n%s", buf.String())
+	if st.Leader != nil {
+		r.note("Patroni: leader key now %s (create_rev %d, version %d)", st.Leader.Member, st.Leader.CreateRevision, st.Leader.Version)
+		if st.Leader.Version > 1 {
+			r.note("Patroni 3.0.2 overwrote the leader key without re-creating it (the takeover)")
+		}
+	}
+	bFirst, _ := pr.ha.First(NodeB, "active", t0)
+	for _, s := range pr.probe.Samples() {
+		if s.OK && s.Node == NodeA && !bFirst.IsZero() && s.Start.After(bFirst) {
+			r.fail("write %d went to nodea through the lb at %s after nodeb took over", s.ID, s.Start.Sub(t0))
+			break
+		}
+	}
+	took := st.Leader != nil && st.Leader.Member == NodeA && st.Leader.Version > 1
+	if took {
+		if len(st.Alarms) == 0 {
+			r.fail("Patroni took the key back but no takeover alarm is raised")
+		} else {
+			r.note("hapair: takeover alarm raised (%d key(s)); operator path: check data, then `hapairctl ack`", len(st.Alarms))
+		}
+		for _, n := range st.Roled {
+			if n.Node == NodeA && n.Role == "active" {
+				r.fail("nodea ACTIVE after taking the leader key over")
+			}
+		}
+	} else {
+		r.note("Patroni did not take the key back in this run (heal at %s)", heal.Sub(t0))
+	}
+	if len(st.Alarms) > 0 {
+		ackAndSettle(ctx, l, r)
+	}
+}
+
+// FrozenPatroni (7): SIGSTOP the primary's Patroni for 20 s.
+func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
+	if !needParts(l, r, BinLB, BinRoled) {
+		return
+	}
+	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
+	t0 := time.Now()
+	if err := l.Signal(NodeA, ProcPatroni, 19); err != nil { // SIGSTOP
+		r.fail("SIGSTOP: %v", err)
+	}
+	time.Sleep(20 * time.Second)
+	cont := time.Now()
+	_ = l.Signal(NodeA, ProcPatroni, 18) // SIGCONT
+	time.Sleep(10 * time.Second)
+	stop()
+	aPassive, ok := pr.ha.First(NodeA, "passive", t0)
+	if !ok {
+		r.fail("nodea never went PASSIVE while its Patroni was frozen")
+	} else {
+		r.secs("frozen: nodea PASSIVE after SIGSTOP", aPassive.Sub(t0))
+	}
+	if bActive, ok := pr.ha.First(NodeB, "active", t0); ok {
+		r.secs("frozen: nodeb ACTIVE after", bActive.Sub(t0))
+	}
+	rep := ctl.Analyze(pr.probe.Samples(), t0)
+	followFigures(r, pr, rep, "frozen", NodeB, t0)
+	r.note("frozen Patroni: %s", rep)
+	// No lb write may land on nodea once roled said PASSIVE (one check interval of grace).
+	for _, s := range pr.probe.Samples() {
+		if ok && s.OK && s.Node == NodeA && s.Start.After(aPassive.Add(50*time.Millisecond)) && s.Start.Before(cont) {
+			r.fail("write %d served by frozen nodea at %s (PASSIVE at %s)", s.ID, s.Start.Sub(t0), aPassive.Sub(t0))
+			break
+		}
+	}
+	na, lastA := pr.pg.OKBetween(NodeA, t0, cont)
+	nb, _ := pr.pg.OKBetween(NodeB, t0, cont)
+	r.note("while frozen, direct write checks accepted: nodea %d (last at %s), nodeb %d", na, lastA.Sub(t0), nb)
+	r.fig("frozen: writes through lb served by nodea after SIGSTOP", float64(countNode(pr.probe.Samples(), NodeA, t0, cont)), "")
+	r.fig("frozen: writes through lb served by nodeb", float64(countNode(pr.probe.Samples(), NodeB, t0, cont)), "")
+	if dual, _ := pr.ha.Dual(); dual > 0 {
+		r.fail("checker saw two ACTIVE nodes in %d rounds", dual)
+	}
+	st := l.Ctl().Status(ctx)
+	if st.Leader != nil {
+		r.note("after SIGCONT: Patroni leader key %s (create_rev %d, version %d)", st.Leader.Member, st.Leader.CreateRevision, st.Leader.Version)
+	}
+	if len(st.Alarms) > 0 {
+		r.note("hapair: takeover alarm raised, no node ACTIVE until acknowledged")
+		for _, n := range st.Roled {
+			if n.Role == "active" && n.Node == NodeA {
+				r.fail("nodea ACTIVE after taking the leader key back")
+			}
+		}
+		ackAndSettle(ctx, l, r)
+	}
+}
+
+// ackAndSettle is the operator path after a takeover alarm: hapairctl ack,
+// then one node must become ACTIVE again.
+func ackAndSettle(ctx context.Context, l *Lab, r *Result) {
+	t := time.Now()
+	out, err := l.Ack(ctx)
+	r.note("hapairctl ack: err=%v %s", err, out)
+	ok := poll(ctx, 30*time.Second, 100*time.Millisecond, func() bool {
+		return l.settledProblem(NodeA) == "" || l.settledProblem(NodeB) == ""
+	})
+	if !ok {
+		r.fail("no node ACTIVE within 30s of hapairctl ack")
+		return
+	}
+	r.secs("ACTIVE again after hapairctl ack", time.Since(t))
+}
+
+func countNode(ss []ctl.Sample, node string, from, to time.Time) int {
+	n := 0
+	for _, s := range ss {
+		if s.OK && s.Node == node && s.Start.After(from) && s.Start.Before(to) {
+			n++
+		}
+	}
+	return n
+}
+
+// LBPartitioned (8): the lb loses etcd (keeps routing by checks, follows a
+// switchover), then loses the PASSIVE node (no effect).
+func LBPartitioned(ctx context.Context, l *Lab, r *Result) {
+	if !needParts(l, r, BinLB) {
+		return
+	}
+	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
+	t0 := time.Now()
+	if err := l.Net.DropPort(LB, 2379); err != nil {
+		r.fail("cut lb from etcd: %v", err)
+	}
+	time.Sleep(2 * time.Second)
+	if _, err := l.Ctl().Switchover(ctx, NodeB, l.Out); err != nil {
+		r.fail("switchover with lb cut from etcd: %v", err)
+	}
+	if err := l.WaitSettled(ctx, NodeB, 30*time.Second); err != nil {
+		r.fail("lb without etcd: %v", err)
+	}
+	_ = l.Net.Heal(LB)
+	t1 := time.Now()
+	if err := l.Net.Partition(LB, NodeA); err != nil { // nodea is PASSIVE now
+		r.fail("cut lb from nodea: %v", err)
+	}
+	time.Sleep(3 * time.Second)
+	_ = l.Net.Heal(LB)
+	time.Sleep(time.Second)
+	stop()
+	all := pr.probe.Samples()
+	rep := ctl.Analyze(all, t0)
+	r.note("lb cut from etcd + switchover, then cut from the passive node: %s", rep)
+	var after []ctl.Sample
+	for _, s := range all {
+		if s.Start.After(t1) {
+			after = append(after, s)
+		}
+	}
+	if a := ctl.Analyze(after, t1); a.Failed > 0 {
+		r.fail("%d writes failed while the lb was cut from the PASSIVE node", a.Failed)
+	}
+	r.fig("lb without etcd: failed writes during the switchover", float64(rep.Failed), "")
+	r.secs("lb without etcd: visible downtime", rep.Downtime)
+}
+
+// Demo is the README's main job: up, switchover A→B and back while probing,
+// timings and status, down.
+func Demo(ctx context.Context, opt Options, w io.Writer) error {
+	l, err := NewLab(opt, w)
+	if err != nil {
+		return err
+	}
+	defer l.Down()
+	if err := l.Up(ctx); err != nil {
+		return err
+	}
+	_ = l.PrintStatus(ctx, w)
+	r := &Result{Name: "demo: planned switchover A→B and back (hold " + opt.Hold + ")"}
+	if l.Bin(BinLB) == "" {
+		return fmt.Errorf("hapair-lb did not build: the demo needs the balancer")
+	}
+	for _, to := range []string{NodeB, NodeA} {
+		switchoverOnce(ctx, l, r, "hold "+opt.Hold, to)
+	}
+	PrintResult(w, r)
+	fmt.Fprintln(w)
+	_ = l.PrintStatus(ctx, w)
+	if !r.OK() {
+		return fmt.Errorf("demo failed")
+	}
+	return nil
+}
+
+// Soak repeats random faults for d with the checkers running and prints a
+// summary: faults, dual-ACTIVE rounds, acknowledged-then-lost writes, files
+// overwritten by a stale node.
+func Soak(ctx context.Context, opt Options, d time.Duration, w io.Writer) error {
+	l, err := NewLab(opt, w)
+	if err != nil {
+		return err
+	}
+	defer l.Down()
+	if err := l.Up(ctx); err != nil {
+		return err
+	}
+	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
+	end := time.Now().Add(d)
+	faults := map[string]int{}
+	acks := 0
+	for time.Now().Before(end) && ctx.Err() == nil {
+		f := soakFault(ctx, l)
+		faults[f]++
+		l.logf("soak: %s done", f)
+		acked, err := l.settleOrAck(ctx)
+		if acked {
+			acks++
+		}
+		if err != nil {
+			fmt.Fprintf(w, "after %s: %v\n", f, err)
+		}
+	}
+	stop()
+	samples := pr.probe.Samples()
+	dual, rounds := pr.ha.Dual()
+	leader, _ := l.Ctl().Leader(ctx)
+	a, aerr := l.AuditWrites(ctx, leader, samples)
+	rep := ctl.Analyze(samples, pr.start)
+	fmt.Fprintf(w, "\n=== soak summary (%s)\nfaults injected: %v\n", d, faults)
+	fmt.Fprintf(w, "dual-ACTIVE rounds (10 ms checker): %d of %d\n", dual, rounds)
+	fmt.Fprintf(w, "takeover alarms acknowledged (hapairctl ack): %d\n", acks)
+	fmt.Fprintf(w, "probe: %s\n", rep)
+	fmt.Fprintf(w, "audit on %s: %s (err %v)\n", leader, a, aerr)
+	if dual > 0 || len(a.Overwritten) > 0 {
+		return fmt.Errorf("soak found dual ACTIVE or overwritten files")
+	}
+	return nil
+}
+
+func soakFault(ctx context.Context, l *Lab) string {
+	leader, _ := l.Ctl().Leader(ctx)
+	if leader == "" {
+		leader = NodeA
+	}
+	switch rand.IntN(5) {
+	case 0:
+		_ = l.KillNode(leader)
+		time.Sleep(15 * time.Second)
+		_ = l.StartNode(leader)
+		return "node kill"
+	case 1:
+		peers := []string{Other(leader), Witness}
+		_ = l.Net.Partition(leader, peers...)
+		time.Sleep(15 * time.Second)
+		_ = l.Net.Heal(leader)
+		return "partition"
+	case 2:
+		_ = l.Signal(leader, ProcPatroni, 19)
+		time.Sleep(15 * time.Second)
+		_ = l.Signal(leader, ProcPatroni, 18)
+		return "patroni pause"
+	case 3:
+		_ = l.KillNode(Witness)
+		time.Sleep(10 * time.Second)
+		_ = l.StartNode(Witness)
+		return "witness kill"
+	default:
+		_, _ = l.Ctl().Switchover(ctx, Other(leader), io.Discard)
+		return "switchover"
+	}
+}
+
+// settleOrAck waits for one primary + ACTIVE again after a fault; a
+// takeover alarm (Patroni 3.0.2 took the leader key back) is acknowledged
+// the operator's way after 30 s.
+func (l *Lab) settleOrAck(ctx context.Context) (acked bool, err error) {
+	settled := func() bool { return l.settledProblem(NodeA) == "" || l.settledProblem(NodeB) == "" }
+	if poll(ctx, 30*time.Second, 250*time.Millisecond, settled) {
+		return false, nil
+	}
+	if len(l.Ctl().Status(ctx).Alarms) > 0 {
+		out, err := l.Ack(ctx)
+		l.logf("soak: takeover alarm; hapairctl ack: %v %s", err, out)
+		acked = true
+	}
+	if !poll(ctx, 90*time.Second, 250*time.Millisecond, settled) {
+		return acked, fmt.Errorf("not settled: %s / %s", l.settledProblem(NodeA), l.settledProblem(NodeB))
+	}
+	return acked, nil
+}
