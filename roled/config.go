@@ -58,6 +58,12 @@ type PostgresConfig struct {
 	Enabled bool          `yaml:"enabled"` // default true
 	DSN     string        `yaml:"dsn"`     // pgx connection string
 	Timeout time.Duration `yaml:"timeout"` // connect and query (default 1s)
+	// ActiveInterval: while this node holds the active key, PostgreSQL alone
+	// is re-checked this often (default 100ms). During a switchover the old
+	// primary refuses writes about 1 s before its /primary turns 503; this
+	// makes the node PASSIVE within about one interval of that, not one
+	// Patroni poll, without polling Patroni's REST API faster.
+	ActiveInterval time.Duration `yaml:"active-interval"`
 }
 
 // MarkerConfig is the marker file present only while ACTIVE.
@@ -122,7 +128,8 @@ func DefaultConfig() Config {
 		Postgres: PostgresConfig{
 			Enabled: true,
 			DSN:     "host=/var/run/postgresql port=5432 user=postgres dbname=postgres sslmode=disable",
-			Timeout: time.Second,
+			Timeout:        time.Second,
+			ActiveInterval: 100 * time.Millisecond,
 		},
 		Marker: MarkerConfig{Path: "/var/lib/app-ha/active"},
 		Hooks: HooksConfig{
@@ -244,6 +251,9 @@ func (c Config) validatePatroni() error {
 	}
 	if c.Postgres.Timeout <= 0 || c.Postgres.Timeout >= c.LeaseTTL-c.SafetyMargin {
 		return config.Errorf("postgres.timeout", c.Postgres.Timeout, "must be positive and below lease-ttl - safety-margin")
+	}
+	if c.Postgres.ActiveInterval <= 0 || c.Postgres.ActiveInterval > c.Patroni.PollInterval {
+		return config.Errorf("postgres.active-interval", c.Postgres.ActiveInterval, "must be positive and at most patroni.poll-interval (%s)", c.Patroni.PollInterval)
 	}
 	return nil
 }

@@ -11,14 +11,23 @@ import (
 // pollLoop asks Patroni (GET /primary) and then PostgreSQL
 // (pg_is_in_recovery()) every poll-interval, at once when the leader key
 // changes, and every fast-poll-interval while the node is about to become
-// ACTIVE. The two results are published together.
+// ACTIVE. The two results are published together. While the node holds the
+// active key, PostgreSQL alone is also re-checked every
+// postgres.active-interval (see recheckPostgres).
 func (d *Daemon) pollLoop(ctx context.Context) error {
 	t := time.NewTimer(0)
 	defer t.Stop()
+	pg := time.NewTicker(d.cfg.Postgres.ActiveInterval)
+	defer pg.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-pg.C:
+			if d.holding.Load() {
+				d.recheckPostgres(ctx)
+			}
+			continue
 		case <-t.C:
 		case <-d.pollNow:
 		}
@@ -55,6 +64,29 @@ func (d *Daemon) pollOnce(ctx context.Context) {
 	lv.patroni.At = d.now()
 	old := d.localView.Swap(lv)
 	d.logLocalChange(old, lv)
+	nudge(d.wake)
+}
+
+// recheckPostgres publishes a fresh PostgreSQL result beside the last
+// Patroni answer, and wakes the state loop only when the result changed: a
+// primary that stops accepting connections, or enters recovery, must end
+// ACTIVE now, not at the next Patroni poll.
+func (d *Daemon) recheckPostgres(ctx context.Context) {
+	if d.pg == nil {
+		return
+	}
+	pv := d.checkPostgres(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	cur := d.localView.Load()
+	if cur == nil || cur.postgres == pv {
+		return
+	}
+	lv := *cur
+	lv.postgres = pv
+	d.localView.Store(&lv)
+	d.logLocalChange(cur, &lv)
 	nudge(d.wake)
 }
 

@@ -178,3 +178,27 @@ func TestPostgresCheck(t *testing.T) {
 		t.Fatalf("A was ACTIVE under %d epochs, want 2 (before the stop, after the promotion): %v", n, oc.first200["A"])
 	}
 }
+
+// An ACTIVE node whose PostgreSQL stops accepting connections (as the old
+// primary does about 1 s before its /primary turns 503 in a switchover) goes
+// PASSIVE within about postgres.active-interval, not one Patroni poll.
+func TestPostgresStopEndsActiveFast(t *testing.T) {
+	skipShort(t)
+	pg := newTestPG(t)
+	c := etcdtest.New(t)
+	a := startNode(t, c, "A", func(cfg *Config) {
+		cfg.Postgres.Enabled = true
+		cfg.Postgres.DSN = pg.dsn()
+		// Patroni is polled so slowly that only the ACTIVE-time
+		// PostgreSQL recheck can notice the stop within the bound below.
+		cfg.Patroni.PollInterval = time.Minute
+		cfg.Postgres.ActiveInterval = 100 * time.Millisecond
+	})
+	a.pat.promote()
+	a.waitCode(t, 200, 10*time.Second)
+	pg.stop()
+	a.waitCode(t, 503, 1500*time.Millisecond)
+	if r := a.status(t).Reason; r != string(ReasonPostgresDown) {
+		t.Fatalf("reason %q, want %q", r, ReasonPostgresDown)
+	}
+}
