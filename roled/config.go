@@ -126,8 +126,8 @@ func DefaultConfig() Config {
 			TTL:              10 * time.Second,
 		},
 		Postgres: PostgresConfig{
-			Enabled: true,
-			DSN:     "host=/var/run/postgresql port=5432 user=postgres dbname=postgres sslmode=disable",
+			Enabled:        true,
+			DSN:            "host=/var/run/postgresql port=5432 user=postgres dbname=postgres sslmode=disable",
 			Timeout:        time.Second,
 			ActiveInterval: 100 * time.Millisecond,
 		},
