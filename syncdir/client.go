@@ -29,12 +29,9 @@ func (sd *sender) worker(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case j := <-sd.jobs:
-			r := sd.execute(ctx, j)
-			select {
-			case sd.results <- r:
-			case <-ctx.Done():
-				return
-			}
+			// Never blocks: results has room for one per worker. A success
+			// that lands after the stop is still recorded (see runSenderOnce).
+			sd.results <- sd.execute(ctx, j)
 		}
 	}
 }
@@ -48,9 +45,11 @@ func (sd *sender) execute(ctx context.Context, j job) result {
 		r.ent, r.err = sd.s.sendFile(ctx, rt, j.k.rel)
 		return r
 	case jobMkdir:
+		owner(v, j.ent)
 		v.Set("mode", strconv.FormatUint(uint64(j.ent.Mode), 8))
 		r.err = sd.s.call(ctx, rt, opMkdir, v, nil, 0, nil)
 	case jobSymlink:
+		owner(v, j.ent)
 		v.Set("target", j.target)
 		r.err = sd.s.call(ctx, rt, opSymlink, v, nil, 0, nil)
 	case jobDelete:
@@ -60,6 +59,12 @@ func (sd *sender) execute(ctx context.Context, j job) result {
 		r.err = sd.s.call(ctx, rt, opRename, v, nil, 0, nil)
 	}
 	return r
+}
+
+// owner adds the numeric owner: both nodes are deployed alike, so ids match.
+func owner(v url.Values, e entry) {
+	v.Set("uid", strconv.FormatUint(uint64(e.Uid), 10))
+	v.Set("gid", strconv.FormatUint(uint64(e.Gid), 10))
 }
 
 // sendFile streams one file; the state sent is the one of the open file.
@@ -78,6 +83,7 @@ func (s *Syncer) sendFile(ctx context.Context, rt *rootState, rel string) (entry
 	}
 	e := entryOf(fi)
 	v := url.Values{"path": {rel}, "mode": {strconv.FormatUint(uint64(e.Mode), 8)}, "mtime": {strconv.FormatInt(e.Mtime, 10)}}
+	owner(v, e)
 	var body io.Reader = http.NoBody
 	var tr http.Header
 	if e.Size > 0 {

@@ -246,14 +246,18 @@ func treeHash(t testing.TB, root string) map[string]string {
 		if err != nil {
 			return nil
 		}
+		own := ""
+		if e := entryOf(fi); canChown {
+			own = fmt.Sprintf(" %d:%d", e.Uid, e.Gid)
+		}
 		switch {
 		case fi.Mode()&fs.ModeSymlink != 0:
 			tg, _ := os.Readlink(p)
-			out[rel] = "link " + tg
+			out[rel] = "link " + tg + own
 		case fi.IsDir():
-			out[rel] = fmt.Sprintf("dir %o", unixMode(fi.Mode()))
+			out[rel] = fmt.Sprintf("dir %o%s", unixMode(fi.Mode()), own)
 		default:
-			out[rel] = fmt.Sprintf("file %o %d %d %s", unixMode(fi.Mode()), fi.Size(), fi.ModTime().UnixNano(), hashFile(t, p))
+			out[rel] = fmt.Sprintf("file %o %d %d %s%s", unixMode(fi.Mode()), fi.Size(), fi.ModTime().UnixNano(), hashFile(t, p), own)
 		}
 		return nil
 	})

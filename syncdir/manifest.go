@@ -17,6 +17,8 @@ type mEntry struct {
 	S int64  `json:"s,omitempty"`
 	M int64  `json:"m,omitempty"`
 	O uint32 `json:"o,omitempty"`
+	U uint32 `json:"u,omitempty"` // owner, compared only by a root receiver
+	G uint32 `json:"g,omitempty"`
 	L string `json:"l,omitempty"` // symlink target
 }
 
@@ -68,7 +70,7 @@ func scanTree(root *os.Root, ex excluder) (map[string]scanned, error) {
 
 func scanOne(root *os.Root, p string, fi fs.FileInfo) (scanned, bool) {
 	e := entryOf(fi)
-	m := mEntry{P: p, O: e.Mode}
+	m := mEntry{P: p, O: e.Mode, U: e.Uid, G: e.Gid}
 	switch {
 	case fi.Mode().IsRegular():
 		m.K, m.S, m.M = "f", e.Size, e.Mtime
@@ -86,8 +88,10 @@ func scanOne(root *os.Root, p string, fi fs.FileInfo) (scanned, bool) {
 	return scanned{m: m, ent: e}, true
 }
 
-func (m mEntry) equal(o mEntry) bool {
-	if m.K != o.K {
+// equal compares a local entry m with the sender's o; owners count only
+// when this process can set them.
+func (m mEntry) equal(o mEntry, owners bool) bool {
+	if m.K != o.K || owners && (m.U != o.U || m.G != o.G) {
 		return false
 	}
 	switch m.K {
@@ -116,7 +120,7 @@ func (s *Syncer) recvManifest(w http.ResponseWriter, r *http.Request, rt *rootSt
 			return err
 		}
 		sent[p] = true
-		if l, ok := local[p]; ok && l.m.equal(e) {
+		if l, ok := local[p]; ok && l.m.equal(e, canChown) {
 			rt.rec.set(p, l.ent) // both sides agree: this copy is confirmed
 			continue
 		}

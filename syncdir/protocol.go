@@ -66,6 +66,9 @@ type request struct {
 	size   int64
 	epoch  int64
 	node   string
+	owner  bool // uid and gid were sent
+	uid    uint32
+	gid    uint32
 }
 
 // refusal is an error with a reason label for the rejected-requests metric.
@@ -150,6 +153,12 @@ func decodeArgs(r *http.Request, v url.Values, q *request) error {
 		return err
 	}
 	allowed := map[string]bool{"path": true}
+	if q.op == opPut || q.op == opMkdir || q.op == opSymlink {
+		allowed["uid"], allowed["gid"] = true, true
+		if err := decodeOwner(v, q); err != nil {
+			return err
+		}
+	}
 	switch q.op {
 	case opPut:
 		allowed["mode"], allowed["mtime"] = true, true
@@ -185,6 +194,21 @@ func decodeArgs(r *http.Request, v url.Values, q *request) error {
 			return refuse("bad-request", http.StatusBadRequest, "unknown parameter %q", k)
 		}
 	}
+	return nil
+}
+
+// decodeOwner reads the optional uid and gid (both or neither).
+func decodeOwner(v url.Values, q *request) error {
+	u, g := v.Get("uid"), v.Get("gid")
+	if u == "" && g == "" {
+		return nil
+	}
+	uid, err1 := strconv.ParseUint(u, 10, 32)
+	gid, err2 := strconv.ParseUint(g, 10, 32)
+	if err1 != nil || err2 != nil {
+		return refuse("bad-request", http.StatusBadRequest, "bad uid/gid %q/%q", u, g)
+	}
+	q.owner, q.uid, q.gid = true, uint32(uid), uint32(gid)
 	return nil
 }
 

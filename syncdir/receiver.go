@@ -22,6 +22,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// canChown: only root can give files away; elsewhere owners are not synced.
+var canChown = os.Geteuid() == 0
+
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
 // ServeHTTP is the receiver. Every request is authenticated (TLS client
@@ -129,6 +132,18 @@ func errKind(err error) string {
 	return "io"
 }
 
+// setOwner applies the sender's owner when it sent one and we are root.
+// It runs before the mode is set: chown clears setuid bits.
+func setOwner(chown func(uid, gid int) error, q request) error {
+	if !q.owner || !canChown {
+		return nil
+	}
+	if err := chown(int(q.uid), int(q.gid)); err != nil {
+		return fmt.Errorf("chown: %w", err)
+	}
+	return nil
+}
+
 func tempName(dir string) string {
 	var b [8]byte
 	rand.Read(b[:])
@@ -145,7 +160,10 @@ func (s *Syncer) recvPut(r *http.Request, rt *rootState, q request) error {
 	if err != nil {
 		return fmt.Errorf("create temp: %w", err)
 	}
-	err = writeBody(f, r.Body, r.Trailer, q)
+	err = setOwner(f.Chown, q)
+	if err == nil {
+		err = writeBody(f, r.Body, r.Trailer, q)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -444,6 +462,9 @@ func (s *Syncer) recvMkdir(rt *rootState, q request) error {
 			return err
 		}
 	}
+	if err := setOwner(func(u, g int) error { return rt.root.Chown(q.path, u, g) }, q); err != nil {
+		return err
+	}
 	if err := rt.root.Chmod(q.path, fileMode(q.mode)); err != nil {
 		return err
 	}
@@ -544,7 +565,10 @@ func (s *Syncer) recvSymlink(rt *rootState, q request) error {
 	if err := rt.root.Symlink(q.target, tmp); err != nil {
 		return err
 	}
-	err := s.makeRoom(rt, q.path, q.epoch, false)
+	err := setOwner(func(u, g int) error { return rt.root.Lchown(tmp, u, g) }, q)
+	if err == nil {
+		err = s.makeRoom(rt, q.path, q.epoch, false)
+	}
 	if err == nil {
 		err = rt.root.Rename(tmp, q.path)
 	}

@@ -17,6 +17,7 @@ func TestDirectionFollowsRole(t *testing.T) {
 	a.activate(10)
 	writeFile(t, filepath.Join(a.root, "from-a.txt"), "a was active", 0o644)
 	waitSame(t, a, b, 10*time.Second, nil)
+	waitConfirmed(t, a)
 
 	// Switch: A passive first (stop sending), then B active with a newer epoch.
 	a.deactivate()
@@ -42,6 +43,7 @@ func TestDirectionFollowsRole(t *testing.T) {
 	}
 
 	// And back again.
+	waitConfirmed(t, b)
 	b.deactivate()
 	a.activate(30)
 	writeFile(t, filepath.Join(a.root, "back-on-a.txt"), "a again", 0o644)
@@ -135,6 +137,7 @@ func TestStaleNode(t *testing.T) {
 		writeFile(t, filepath.Join(ra, f), "base "+f, 0o644)
 	}
 	waitSame(t, a, b, 10*time.Second, nil)
+	waitConfirmed(t, a)
 
 	// Partition. A, still believing it is ACTIVE, writes; nothing arrives.
 	toB.cut()
@@ -192,4 +195,12 @@ func TestStaleNode(t *testing.T) {
 func fileExists(p string) bool {
 	_, err := os.Lstat(p)
 	return err == nil
+}
+
+// waitConfirmed waits until the sender has every answer: a file is visible
+// on the peer a moment before its 200 arrives, and a sender stopped in that
+// moment counts the file as undelivered (and the peer later quarantines it).
+func waitConfirmed(t *testing.T, n *node) {
+	t.Helper()
+	eventually(t, 10*time.Second, n.name+"'s queue to drain", func() bool { return n.s.Status().QueueDepth == 0 })
 }

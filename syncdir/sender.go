@@ -139,7 +139,11 @@ func (s *Syncer) runSenderOnce(ctx context.Context, epoch int64) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }()
+	defer func() {
+		cancel()
+		wg.Wait()
+		sd.drain()
+	}()
 	wg.Add(1)
 	go func() { defer wg.Done(); sd.tree.run(ctx, sd.requestRescan, sd.fatal) }()
 	for n := 0; n < s.cfg.Concurrency; n++ {
@@ -147,6 +151,21 @@ func (s *Syncer) runSenderOnce(ctx context.Context, epoch int64) error {
 		go func() { defer wg.Done(); sd.worker(ctx) }()
 	}
 	return sd.loop(ctx)
+}
+
+// drain records what the peer confirmed just before the sender stopped, so
+// a switchover does not leave delivered files looking undelivered.
+func (sd *sender) drain() {
+	for {
+		select {
+		case r := <-sd.results:
+			if r.err == nil {
+				sd.confirmed(sd.s.roots[r.j.k.root], r)
+			}
+		default:
+			return
+		}
+	}
 }
 
 func (sd *sender) note(root int, rel string, st writeState) {

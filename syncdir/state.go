@@ -103,6 +103,8 @@ type entry struct {
 	Mtime int64
 	Mode  uint32
 	Ino   uint64
+	Uid   uint32 // owner; not kept in the record file
+	Gid   uint32
 }
 
 func entryOf(fi fs.FileInfo) entry {
@@ -116,7 +118,7 @@ func entryOf(fi fs.FileInfo) entry {
 		e.Kind = 'f'
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		e.Ino = st.Ino
+		e.Ino, e.Uid, e.Gid = st.Ino, st.Uid, st.Gid
 	}
 	return e
 }

@@ -38,6 +38,13 @@ func TestRoundTrip(t *testing.T) {
 	old := time.Date(2001, 2, 3, 4, 5, 6, 789, time.UTC)
 	writeFile(t, filepath.Join(ra, "old.txt"), "old mtime", 0o640)
 	os.Chtimes(filepath.Join(ra, "old.txt"), old, old)
+	if canChown { // owners travel when the receiver runs as root
+		writeFile(t, filepath.Join(ra, "owned/by-app.txt"), "www-data's", 0o640)
+		os.Chown(filepath.Join(ra, "owned/by-app.txt"), 33, 33)
+		os.Chown(filepath.Join(ra, "owned"), 33, 4321)
+		os.Symlink("by-app.txt", filepath.Join(ra, "owned/link"))
+		os.Lchown(filepath.Join(ra, "owned/link"), 1234, 1234)
+	}
 	os.Symlink("top.txt", filepath.Join(ra, "link-rel"))
 	os.Symlink("/etc/passwd", filepath.Join(ra, "link-abs"))
 	os.Symlink("d1/d2", filepath.Join(ra, "link-dir"))
@@ -62,8 +69,9 @@ func TestRoundTrip(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(b.root, "cache")); err == nil {
 		t.Fatal("excluded directory copied")
 	}
+	waitConfirmed(t, a)
 	st := a.s.Status()
-	if st.FilesSent == 0 || !st.Sending || st.QueueDepth != 0 {
+	if st.FilesSent == 0 || !st.Sending || st.LagSeconds != 0 {
 		t.Fatalf("status after quiescence: %+v", st)
 	}
 	if bs := b.s.Status(); bs.FilesReceived == 0 || bs.HighestEpoch != 5 || bs.QuarantinedTotal != 0 {

@@ -1,0 +1,642 @@
+// Command sync-bench runs syncdir and lsyncd+rsync side by side on the same
+// trees, on loopback, and prints each figure for both and the ratio.
+// Run it through run.sh, as root (lsyncd needs inotify on the source, the
+// rsync daemon writes as root).
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"flag"
+	"fmt"
+	"io/fs"
+	"math/big"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hapair/hapair/internal/config"
+	"github.com/hapair/hapair/syncdir"
+	"go.uber.org/zap"
+)
+
+var (
+	work      = flag.String("work", "", "scratch directory (default: a new temp dir, removed at the end)")
+	smallN    = flag.Int("small", 20, "single small-file repetitions (median)")
+	slowSmall = flag.Int("slow-small", 3, "single small-file repetitions for lsyncd at delay=15")
+	skipSlow  = flag.Bool("skip-delay15", false, "skip lsyncd at its default delay=15")
+	onlyOurs  = flag.Bool("syncdir-only", false, "only the live syncdir figures (for profiling)")
+	bulkOnly  = flag.Bool("bulk-only", false, "only the bulk figures (rsync -a, rsync -a --fsync, syncdir)")
+)
+
+type result struct {
+	small      time.Duration
+	burst      time.Duration
+	big        time.Duration
+	bigPartial bool
+}
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "sync-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	for _, b := range []string{"lsyncd", "rsync"} {
+		if _, err := exec.LookPath(b); err != nil {
+			return fmt.Errorf("%s not found: apt-get install -y lsyncd rsync", b)
+		}
+	}
+	dir := *work
+	if dir == "" {
+		d, err := os.MkdirTemp("", "hapair-sync-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	if *onlyOurs {
+		r, err := syncdirLive(dir)
+		fmt.Printf("syncdir: small %s, burst %s, 256 MiB %s (partial %v)\n", fmtDur(r.small), fmtDur(r.burst), fmtDur(r.big), r.bigPartial)
+		return err
+	}
+	rd, err := startRsyncd(dir)
+	if err != nil {
+		return err
+	}
+	defer rd.stop()
+
+	live := map[string]result{}
+	names := []string{}
+	if *bulkOnly {
+		bulk, err := bulkRuns(dir, rd)
+		if err != nil {
+			return err
+		}
+		report(nil, nil, bulk)
+		return nil
+	}
+	if !*skipSlow {
+		r, err := lsyncdLive(dir, rd, 15, *slowSmall)
+		if err != nil {
+			return err
+		}
+		live["lsyncd delay=15"] = r
+		names = append(names, "lsyncd delay=15")
+	}
+	r0, err := lsyncdLive(dir, rd, 0, *smallN)
+	if err != nil {
+		return err
+	}
+	live["lsyncd delay=0"], names = r0, append(names, "lsyncd delay=0")
+	rs, err := syncdirLive(dir)
+	if err != nil {
+		return err
+	}
+	live["syncdir"] = rs
+
+	bulk, err := bulkRuns(dir, rd)
+	if err != nil {
+		return err
+	}
+	report(live, names, bulk)
+	return nil
+}
+
+// ---- trees and probes ----
+
+func writeSmall(p string, n int) error {
+	return os.WriteFile(p, []byte(strings.Repeat("s", n)), 0o644)
+}
+
+// waitSize polls until p exists with size want; it reports whether p was
+// ever seen with another size (a partial file under its final name).
+func waitSize(p string, want int64, limit time.Duration) (time.Duration, bool, error) {
+	start := time.Now()
+	partial := false
+	for {
+		fi, err := os.Stat(p)
+		if err == nil {
+			if fi.Size() == want {
+				return time.Since(start), partial, nil
+			}
+			partial = true
+		}
+		if time.Since(start) > limit {
+			return 0, partial, fmt.Errorf("%s not complete after %s", p, limit)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+func countFiles(dir string, size int64) int {
+	n := 0
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil && fi.Size() == size {
+				n++
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// liveScenarios runs the three live figures against one running sync from
+// src to dst.
+func liveScenarios(src, dst string, reps int) (result, error) {
+	var r result
+	var times []time.Duration
+	for i := 0; i < reps; i++ {
+		name := fmt.Sprintf("small-%d.txt", i)
+		start := time.Now()
+		if err := writeSmall(filepath.Join(src, name), 100); err != nil {
+			return r, err
+		}
+		if _, _, err := waitSize(filepath.Join(dst, name), 100, 60*time.Second); err != nil {
+			return r, err
+		}
+		times = append(times, time.Since(start))
+		time.Sleep(50 * time.Millisecond) // let the tool go idle between samples
+	}
+	r.small = median(times)
+
+	os.Mkdir(filepath.Join(src, "burst"), 0o755)
+	time.Sleep(200 * time.Millisecond)
+	waitDir(filepath.Join(dst, "burst"), 60*time.Second)
+	start := time.Now()
+	buf := []byte(strings.Repeat("b", 4096))
+	for i := 0; i < 1000; i++ {
+		if err := os.WriteFile(filepath.Join(src, "burst", fmt.Sprintf("f%04d", i)), buf, 0o644); err != nil {
+			return r, err
+		}
+	}
+	for countFiles(filepath.Join(dst, "burst"), 4096) < 1000 {
+		if time.Since(start) > 2*time.Minute {
+			return r, fmt.Errorf("burst incomplete")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r.burst = time.Since(start)
+
+	const bigSize = 256 << 20
+	start = time.Now()
+	done := make(chan error, 1)
+	go func() { done <- writeBig(filepath.Join(src, "big.bin"), bigSize) }()
+	d, partial, err := waitSize(filepath.Join(dst, "big.bin"), bigSize, 3*time.Minute)
+	if werr := <-done; werr != nil {
+		return r, werr
+	}
+	if err != nil {
+		return r, err
+	}
+	r.big, r.bigPartial = d, partial
+	return r, nil
+}
+
+func waitDir(p string, limit time.Duration) {
+	start := time.Now()
+	for time.Since(start) < limit {
+		if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// writeBig writes a file in place, 1 MiB at a time, as an application would.
+func writeBig(p string, size int) error {
+	f, err := os.Create(p)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	mrand.NewChaCha8([32]byte{7}).Read(buf)
+	for i := 0; i < size/len(buf); i++ {
+		buf[0], buf[1] = byte(i), byte(i>>8)
+		if _, err := f.Write(buf); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
+}
+
+func median(d []time.Duration) time.Duration {
+	s := append([]time.Duration{}, d...)
+	sort.Slice(s, func(a, b int) bool { return s[a] < s[b] })
+	return s[len(s)/2]
+}
+
+// ---- rsync daemon and lsyncd ----
+
+type rsyncd struct {
+	cmd  *exec.Cmd
+	port int
+	root string
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func startRsyncd(dir string) (*rsyncd, error) {
+	root := filepath.Join(dir, "rsyncd")
+	os.MkdirAll(root, 0o755)
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(dir, "rsyncd.conf")
+	body := fmt.Sprintf("use chroot = no\nuid = root\ngid = root\npid file = %s/rsyncd.pid\n[t]\n  path = %s\n  read only = no\n", dir, root)
+	if err := os.WriteFile(conf, []byte(body), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("rsync", "--daemon", "--no-detach", "--config="+conf, "--address=127.0.0.1", fmt.Sprintf("--port=%d", port))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	r := &rsyncd{cmd: cmd, port: port, root: root}
+	for i := 0; i < 100; i++ {
+		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			c.Close()
+			return r, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r.stop()
+	return nil, fmt.Errorf("rsync daemon did not start")
+}
+
+func (r *rsyncd) stop() {
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	r.cmd.Wait()
+}
+
+func (r *rsyncd) url(sub string) string {
+	return fmt.Sprintf("rsync://127.0.0.1:%d/t/%s/", r.port, sub)
+}
+
+func lsyncdLive(dir string, rd *rsyncd, delay, reps int) (result, error) {
+	sub := fmt.Sprintf("lsyncd-%d", delay)
+	src, dst := filepath.Join(dir, sub+"-src"), filepath.Join(rd.root, sub)
+	os.MkdirAll(src, 0o755)
+	os.MkdirAll(dst, 0o755)
+	conf := filepath.Join(dir, sub+".lua")
+	lua := fmt.Sprintf(`settings { logfile = %q, nodaemon = true, insist = true }
+sync { default.rsync, source = %q, target = %q, delay = %d }
+`, filepath.Join(dir, sub+".log"), src, rd.url(sub), delay)
+	if err := os.WriteFile(conf, []byte(lua), 0o644); err != nil {
+		return result{}, err
+	}
+	cmd := exec.Command("lsyncd", conf)
+	if err := cmd.Start(); err != nil {
+		return result{}, err
+	}
+	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
+	// Wait for its start-up full sync: a marker written before start arrives.
+	time.Sleep(2 * time.Second)
+	fmt.Fprintf(os.Stderr, "lsyncd delay=%d: running\n", delay)
+	r, err := liveScenarios(src, dst, reps)
+	if err != nil {
+		return r, fmt.Errorf("lsyncd delay=%d: %w", delay, err)
+	}
+	return r, nil
+}
+
+// ---- syncdir ----
+
+type fence struct{}
+
+func (fence) Holding() bool              { return false }
+func (fence) ActiveEpoch() (int64, bool) { return 1, true }
+
+type passive struct{}
+
+func (passive) Holding() bool              { return false }
+func (passive) ActiveEpoch() (int64, bool) { return 0, false }
+
+type pair struct {
+	snd, rcv         *syncdir.Syncer
+	cancel           context.CancelFunc
+	done             chan struct{}
+	src, dst         string
+	sndState, rState string
+}
+
+func startPair(dir, name string, tlsc config.TLS, src string) (*pair, error) {
+	p := &pair{src: src, dst: filepath.Join(dir, name+"-dst")}
+	if src == "" {
+		p.src = filepath.Join(dir, name+"-src")
+	}
+	os.MkdirAll(p.src, 0o755)
+	os.MkdirAll(p.dst, 0o755)
+	pr, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	ps, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	mk := func(node, root string, listen, peer int) (*syncdir.Syncer, error) {
+		cfg := syncdir.DefaultConfig()
+		cfg.Node = node
+		cfg.Listen = fmt.Sprintf("127.0.0.1:%d", listen)
+		cfg.Peer = fmt.Sprintf("127.0.0.1:%d", peer)
+		cfg.StateDir = filepath.Join(dir, name+"-state-"+node)
+		cfg.TLS = tlsc
+		cfg.Roots = []syncdir.Root{{Name: "data", Path: root, Exclude: []string{}}}
+		var f syncdir.Fence = passive{}
+		if node == "sender" {
+			f = fence{}
+		}
+		return syncdir.New(cfg, zap.NewNop(), nil, f)
+	}
+	if p.snd, err = mk("sender", p.src, ps, pr); err != nil {
+		return nil, err
+	}
+	if p.rcv, err = mk("receiver", p.dst, pr, ps); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel, p.done = cancel, make(chan struct{})
+	go func() {
+		defer close(p.done)
+		errs := make(chan error, 2)
+		go func() { errs <- p.rcv.Run(ctx) }()
+		go func() { errs <- p.snd.Run(ctx) }()
+		for i := 0; i < 2; i++ {
+			if err := <-errs; err != nil {
+				fmt.Fprintln(os.Stderr, "syncdir:", err)
+			}
+		}
+	}()
+	return p, waitListen(pr)
+}
+
+func waitListen(port int) error {
+	for i := 0; i < 200; i++ {
+		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("syncdir receiver did not listen")
+}
+
+func (p *pair) stop() {
+	p.cancel()
+	<-p.done
+}
+
+// waitIdle waits until the sender has reconciled after since and has
+// nothing queued.
+func (p *pair) waitIdle(since time.Time, limit time.Duration) error {
+	start := time.Now()
+	for {
+		st := p.snd.Status()
+		if st.LastReconcile != nil && st.LastReconcile.After(since) && st.QueueDepth == 0 {
+			return nil
+		}
+		if time.Since(start) > limit {
+			return fmt.Errorf("syncdir not idle after %s: %+v", limit, st)
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+}
+
+func syncdirLive(dir string) (result, error) {
+	tlsc, err := makePKI(dir)
+	if err != nil {
+		return result{}, err
+	}
+	p, err := startPair(dir, "live", tlsc, "")
+	if err != nil {
+		return result{}, err
+	}
+	defer p.stop()
+	t0 := time.Now()
+	p.snd.SetActive(1)
+	if err := p.waitIdle(t0, time.Minute); err != nil {
+		return result{}, err
+	}
+	fmt.Fprintln(os.Stderr, "syncdir: running")
+	return liveScenarios(p.src, p.dst, *smallN)
+}
+
+// ---- bulk ----
+
+type bulk struct {
+	name         string
+	first, rerun time.Duration
+}
+
+func makeBulkTree(src string) (int, error) {
+	buf := []byte(strings.Repeat("t", 4096))
+	n := 0
+	for d := 0; d < 100; d++ {
+		dir := filepath.Join(src, fmt.Sprintf("d%03d", d))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return 0, err
+		}
+		for i := 0; i < 100; i++ {
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%03d", i)), buf, 0o644); err != nil {
+				return 0, err
+			}
+			n++
+		}
+	}
+	for i := 0; i < 20; i++ {
+		if err := writeBig(filepath.Join(src, fmt.Sprintf("big-%02d.bin", i)), 16<<20); err != nil {
+			return 0, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+func rsyncRun(src, url string, extra ...string) (time.Duration, error) {
+	args := append([]string{"-a"}, extra...)
+	args = append(args, src+"/", url)
+	start := time.Now()
+	out, err := exec.Command("rsync", args...).CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("rsync %v: %v: %s", args, err, out)
+	}
+	return time.Since(start), nil
+}
+
+func bulkRuns(dir string, rd *rsyncd) ([]bulk, error) {
+	src := filepath.Join(dir, "bulk-src")
+	n, err := makeBulkTree(src)
+	if err != nil {
+		return nil, err
+	}
+	syscall.Sync()
+	fmt.Fprintf(os.Stderr, "bulk tree: %d files\n", n)
+	var out []bulk
+	for _, v := range []struct {
+		name  string
+		extra []string
+	}{{"rsync -a", nil}, {"rsync -a --fsync", []string{"--fsync"}}} {
+		sub := strings.ReplaceAll(strings.ReplaceAll(v.name, " ", ""), "-", "")
+		os.MkdirAll(filepath.Join(rd.root, sub), 0o755)
+		first, err := rsyncRun(src, rd.url(sub), v.extra...)
+		if err != nil {
+			return nil, err
+		}
+		syscall.Sync()
+		again, err := rsyncRun(src, rd.url(sub), v.extra...)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, bulk{name: v.name, first: first, rerun: again})
+	}
+	b, err := syncdirBulk(dir, src)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, b), nil
+}
+
+func syncdirBulk(dir, src string) (bulk, error) {
+	tlsc, err := makePKI(dir)
+	if err != nil {
+		return bulk{}, err
+	}
+	p, err := startPair(dir, "bulk", tlsc, src)
+	if err != nil {
+		return bulk{}, err
+	}
+	defer p.stop()
+	b := bulk{name: "syncdir"}
+	t0 := time.Now()
+	p.snd.SetActive(1)
+	if err := p.waitIdle(t0, 10*time.Minute); err != nil {
+		return b, err
+	}
+	b.first = time.Since(t0)
+	if n, want := countFiles(p.dst, 4096)+countFiles(p.dst, 16<<20), countFiles(src, 4096)+countFiles(src, 16<<20); n != want {
+		return b, fmt.Errorf("syncdir bulk: %d of %d files on the target", n, want)
+	}
+	syscall.Sync()
+	p.snd.SetPassive()
+	t1 := time.Now()
+	p.snd.SetActive(1)
+	if err := p.waitIdle(t1, time.Minute); err != nil {
+		return b, err
+	}
+	b.rerun = time.Since(t1)
+	return b, nil
+}
+
+// ---- report ----
+
+func report(live map[string]result, lsyncdNames []string, bulks []bulk) {
+	s := live["syncdir"]
+	if live != nil {
+		fmt.Println()
+		fmt.Println("live sync (write on the source -> complete on the target), loopback")
+		fmt.Printf("%-34s %14s %14s %10s\n", "figure", "lsyncd+rsync", "syncdir", "ratio")
+		for _, n := range lsyncdNames {
+			l := live[n]
+			row(fmt.Sprintf("small file, median [%s]", n), l.small, s.small)
+			row(fmt.Sprintf("1,000 x 4 KiB burst [%s]", n), l.burst, s.burst)
+			row(fmt.Sprintf("256 MiB file [%s]", n), l.big, s.big)
+			fmt.Printf("%-34s %14v %14v\n", fmt.Sprintf("  partial file visible [%s]", n), l.bigPartial, s.bigPartial)
+		}
+	}
+	fmt.Println()
+	fmt.Println("bulk: 10,000 x 4 KiB + 20 x 16 MiB into an empty target, then a no-change re-run")
+	var sd bulk
+	for _, b := range bulks {
+		if b.name == "syncdir" {
+			sd = b
+		}
+	}
+	for _, b := range bulks {
+		if b.name == "syncdir" {
+			continue
+		}
+		row("initial ["+b.name+"]", b.first, sd.first)
+		row("no-change re-run ["+b.name+"]", b.rerun, sd.rerun)
+	}
+	fmt.Println("ratio = lsyncd+rsync time / syncdir time (above 1: syncdir is faster)")
+}
+
+func row(name string, other, ours time.Duration) {
+	ratio := "-"
+	if ours > 0 {
+		ratio = fmt.Sprintf("%.1fx", float64(other)/float64(ours))
+	}
+	fmt.Printf("%-34s %14s %14s %10s\n", name, fmtDur(other), fmtDur(ours), ratio)
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0fµs", float64(d)/1e3)
+	case d < time.Second:
+		return fmt.Sprintf("%.1fms", float64(d)/1e6)
+	}
+	return fmt.Sprintf("%.2fs", d.Seconds())
+}
+
+// ---- TLS ----
+
+func makePKI(dir string) (config.TLS, error) {
+	d := filepath.Join(dir, "pki")
+	if _, err := os.Stat(filepath.Join(d, "ca.pem")); err == nil {
+		return config.TLS{CertFile: filepath.Join(d, "node.pem"), KeyFile: filepath.Join(d, "node-key.pem"), CAFile: filepath.Join(d, "ca.pem")}, nil
+	}
+	os.MkdirAll(d, 0o700)
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bench-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTpl, caTpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		return config.TLS{}, err
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "node"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, ca, &k.PublicKey, caKey)
+	if err != nil {
+		return config.TLS{}, err
+	}
+	kb, _ := x509.MarshalECPrivateKey(k)
+	write := func(n, typ string, b []byte) {
+		os.WriteFile(filepath.Join(d, n), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600)
+	}
+	write("ca.pem", "CERTIFICATE", caDER)
+	write("node.pem", "CERTIFICATE", der)
+	write("node-key.pem", "EC PRIVATE KEY", kb)
+	return makePKI(dir)
+}

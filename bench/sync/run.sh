@@ -1,0 +1,20 @@
+#!/bin/sh
+# Side-by-side benchmark: syncdir vs lsyncd (default.rsync, delay 15 and 0)
+# and plain rsync -a / rsync -a --fsync to an rsync daemon, all on loopback.
+# Run by hand, as root:  sudo bench/sync/run.sh [-skip-delay15] [-small 20]
+# Needs Debian packages: lsyncd rsync (and Go to build the driver).
+set -eu
+cd "$(dirname "$0")/../.."
+if [ "$(id -u)" != 0 ]; then
+	echo "run.sh: run as root (the rsync daemon writes as root; lsyncd watches the source)" >&2
+	exit 1
+fi
+for b in lsyncd rsync go; do
+	command -v "$b" >/dev/null || { echo "run.sh: $b missing (apt-get install -y lsyncd rsync)" >&2; exit 1; }
+done
+echo "lsyncd: $(lsyncd --version 2>&1 | head -1); $(rsync --version | head -1)"
+echo "host: $(nproc) cpus, $(uname -r)"
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"' EXIT
+go build -o "$bin/sync-bench" ./bench/sync
+"$bin/sync-bench" "$@"
