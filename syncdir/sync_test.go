@@ -2,6 +2,7 @@ package syncdir
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -125,5 +126,39 @@ func TestBigFile(t *testing.T) {
 	io.Copy(h2, g)
 	if string(h2.Sum(nil)) != string(want) {
 		t.Fatal("content differs")
+	}
+}
+
+// A file written elsewhere and renamed into the root (temp file + rename, the
+// usual atomic write) is sent at once: no close event follows a rename, and
+// waiting for one would hold it back for holdOpen, long enough to be caught
+// by a switchover.
+func TestRenamedInFileIsNotHeld(t *testing.T) {
+	a, b, _ := pair(t)
+	a.activate(10)
+	// Wait until the sender watches the tree (a file found by the start-up
+	// reconcile, with no close seen, is rightly held back).
+	writeFile(t, filepath.Join(a.root, "first.txt"), "x", 0o644)
+	eventually(t, 10*time.Second, "first file on b", func() bool {
+		return readFile(filepath.Join(b.root, "first.txt")) == "x"
+	})
+	// Twenty uploads, as an application writes them: temp file, rename.
+	var worst time.Duration
+	for n := 0; n < 20; n++ {
+		name := fmt.Sprintf("w/%d.txt", n)
+		tmp := filepath.Join(a.root, "w", fmt.Sprintf(".%d.tmp", n)) // excluded by default
+		writeFile(t, tmp, name, 0o644)
+		start := time.Now()
+		if err := os.Rename(tmp, filepath.Join(a.root, name)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, name+" on b", func() bool {
+			return readFile(filepath.Join(b.root, name)) == name
+		})
+		worst = max(worst, time.Since(start))
+	}
+	t.Logf("worst rename-to-visible: %v", worst)
+	if worst >= holdOpen {
+		t.Fatalf("a renamed-in file took %v, at least holdOpen (%v)", worst, holdOpen)
 	}
 }

@@ -192,7 +192,14 @@ func (t *tree) handle(ev event) error {
 			}
 			t.note(i, rel, changed)
 			return t.add(i, rel, true)
-		case err == nil && fi.Mode().IsRegular() && fi.Size() == 0 && !ev.has(evMovedIn):
+		case err == nil && fi.Mode().IsRegular() && ev.has(evMovedIn):
+			// Renamed into place: the atomic-write idiom (write a temp file,
+			// close, rename). No close event follows, so waiting for one
+			// would hold the file back for holdOpen; a writer that keeps
+			// writing after the rename is still caught by the sender's
+			// source-changed check.
+			st = closed
+		case err == nil && fi.Mode().IsRegular() && fi.Size() == 0:
 			st = writing // created by open(O_CREAT): wait for the close
 		}
 	}
