@@ -12,11 +12,13 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -128,20 +130,18 @@ func New(t testing.TB, opts ...Option) *Cluster {
 }
 
 func newMember(name, dir string) (*Member, error) {
-	ca, err := freeAddr()
-	if err != nil {
+	var err error
+	m := &Member{Name: name, dir: dir}
+	if m.client, err = newProxy(); err != nil {
 		return nil, err
 	}
-	pa, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	m := &Member{Name: name, dir: dir, clientAddr: ca, peerAddr: pa}
-	if m.client, err = newProxy(ca); err != nil {
-		return nil, err
-	}
-	if m.peer, err = newProxy(pa); err != nil {
+	if m.peer, err = newProxy(); err != nil {
 		m.client.close()
+		return nil, err
+	}
+	if err := m.repick(); err != nil {
+		m.client.close()
+		m.peer.close()
 		return nil, err
 	}
 	return m, nil
@@ -175,8 +175,39 @@ func mustURL(s string) url.URL {
 	return *u
 }
 
-// start launches member i's server; state is "new" or "existing".
+// start launches member i's server; state is "new" or "existing". A port
+// taken meanwhile by another test (freeAddr's window) is answered with fresh
+// ports: nobody but the member's own proxies knows the real ones.
 func (c *Cluster) start(i int, state string) error {
+	var err error
+	for try := 0; try < 5; try++ {
+		if err = c.startOnce(i, state); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			return err
+		}
+		if err := c.members[i].repick(); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// repick moves the member's real listeners to fresh free ports.
+func (m *Member) repick() error {
+	ca, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	pa, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	m.clientAddr, m.peerAddr = ca, pa
+	m.client.setTarget(ca)
+	m.peer.setTarget(pa)
+	return nil
+}
+
+func (c *Cluster) startOnce(i int, state string) error {
 	m := c.members[i]
 	cfg := embed.NewConfig()
 	cfg.Name = m.Name

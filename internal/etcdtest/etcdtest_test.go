@@ -154,3 +154,23 @@ func TestCleanupLeavesNothing(t *testing.T) {
 		ln.Close()
 	}
 }
+
+// A real port taken by someone else between freeAddr and the bind (another
+// test package running beside this one) costs a retry on fresh ports, not a
+// failed test.
+func TestStartSurvivesTakenPort(t *testing.T) {
+	c := New(t, WithSize(1))
+	c.Stop(0)
+	m := c.Member(0)
+	ln, err := net.Listen("tcp", m.clientAddr)
+	if err != nil {
+		t.Fatalf("occupy %s: %v", m.clientAddr, err)
+	}
+	defer ln.Close()
+	taken := m.clientAddr
+	c.Restart(0)
+	if m.clientAddr == taken {
+		t.Fatal("member still on the taken port")
+	}
+	c.WaitLeader(t)
+}

@@ -13,23 +13,23 @@ import (
 // connections stay open, nothing comes back. A stopped member behind a
 // running proxy refuses connections, as a killed process does.
 type proxy struct {
-	ln     net.Listener
-	target string
+	ln net.Listener
 
 	mu     sync.Mutex
 	cond   *sync.Cond
+	target string // the member's real address; may change between starts
 	paused bool
 	closed bool
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
 }
 
-func newProxy(target string) (*proxy, error) {
+func newProxy() (*proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &proxy{ln: ln, conns: map[net.Conn]struct{}{}}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.serve()
@@ -37,6 +37,12 @@ func newProxy(target string) (*proxy, error) {
 }
 
 func (p *proxy) addr() string { return p.ln.Addr().String() }
+
+func (p *proxy) setTarget(target string) {
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
+}
 
 func (p *proxy) serve() {
 	defer p.wg.Done()
@@ -52,7 +58,10 @@ func (p *proxy) serve() {
 
 func (p *proxy) handle(c net.Conn) {
 	defer p.wg.Done()
-	b, err := net.DialTimeout("tcp", p.target, time.Second)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	b, err := net.DialTimeout("tcp", target, time.Second)
 	if err != nil {
 		c.Close()
 		return
