@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# bench/lb/run.sh — hapair-lb side by side with HAProxy 2.6 and Nginx 1.22
+# (Debian packages) and direct to the backend, on loopback, with wrk.
+#
+#   bench/lb/run.sh [throughput|switch|all]     (default all; run as root or a user that may run nginx)
+#
+# throughput: 100 B and 16 KiB responses from an Nginx backend (1 worker), each
+#   proxy configured alike (keep-alive to the backend, least-connections), with
+#   1 then 2 workers/threads (hapair-lb: GOMAXPROCS), ROUNDS rounds alternating
+#   the targets. Prints throughput, p50/p99 and proxy CPU per request (from
+#   /proc/<pid>/stat deltas, all processes of the proxy), medians and ratios.
+# switch: role-switch following (bench/lb/flipper) through HAProxy with
+#   `option httpchk GET /ha-health` at inter 2s fall 2 rise 2 and at inter
+#   100ms fall 2 rise 1, and through hapair-lb with checks alone (100ms, 2, 1)
+#   and with the etcd fast path (Debian etcd-server) at inter 2s fall 2 rise 2.
+#
+# Knobs: DUR (s per wrk run, 5), ROUNDS (3), CONNS (50), WRK_THREADS (2), FLIPS (10).
+# Packages: nginx-light (or nginx), haproxy, wrk, etcd-server; Go to build.
+set -euo pipefail
+PART=${1:-all}
+DUR=${DUR:-5}
+ROUNDS=${ROUNDS:-3}
+CONNS=${CONNS:-50}
+WRK_THREADS=${WRK_THREADS:-2}
+FLIPS=${FLIPS:-10}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+W=$(mktemp -d /tmp/hapair-lb-bench.XXXXXX)
+chmod 755 "$W"
+PIDS=()
+
+cleanup() {
+	for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+	for p in "${PIDS[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
+	rm -rf "$W"
+}
+trap cleanup EXIT
+
+for b in nginx haproxy wrk go; do
+	command -v $b >/dev/null || { echo "missing $b (Debian: nginx-light haproxy wrk; Go)" >&2; exit 1; }
+done
+
+BE=127.0.0.1:18080      # backend
+NGX=127.0.0.1:18090     # nginx proxy
+HAP=127.0.0.1:18091     # haproxy
+HLB=127.0.0.1:18092     # hapair-lb
+NODE_A=127.0.0.1:18081  # flipper nodes
+NODE_B=127.0.0.1:18082
+ETCD=127.0.0.1:23790
+
+echo "building hapair-lb and flipper..."
+(cd "$ROOT" && go build -o "$W/hapair-lb" ./cmd/hapair-lb && go build -o "$W/flipper" ./bench/lb/flipper)
+
+start() { # start NAME CMD... ; records PID in var PID_NAME
+	local name=$1; shift
+	"$@" >"$W/$name.log" 2>&1 &
+	local pid=$!
+	PIDS+=("$pid")
+	printf -v "PID_$name" '%s' "$pid"
+}
+stop() { # stop PID
+	kill "$1" 2>/dev/null || true
+	wait "$1" 2>/dev/null || true
+}
+wait_port() {
+	for _ in $(seq 200); do
+		(exec 3<>"/dev/tcp/${1%:*}/${1#*:}") 2>/dev/null && return 0
+		sleep 0.05
+	done
+	echo "port $1 not up" >&2; return 1
+}
+pids_of() { # a pid and its children
+	echo "$1 $(ps -o pid= --ppid "$1" | tr '\n' ' ')"
+}
+cpu_ticks() {
+	local t=0 p f
+	for p in $1; do
+		[ -r /proc/$p/stat ] || continue
+		f=$(sed 's/^.*) //' /proc/$p/stat)
+		set -- $f
+		t=$((t + ${12} + ${13})) # utime stime (fields 14, 15 of stat)
+	done
+	echo $t
+}
+HZ=$(getconf CLK_TCK)
+
+nginx_conf() { # nginx_conf DIR WORKERS BODY
+	mkdir -p "$1/logs" "$1/tmp"
+	cat >"$1/nginx.conf" <<EOF
+daemon off;
+master_process on;
+worker_processes $2;
+pid $1/nginx.pid;
+error_log $1/logs/error.log warn;
+events { worker_connections 4096; multi_accept on; }
+http {
+    access_log off;
+    client_body_temp_path $1/tmp/body; proxy_temp_path $1/tmp/proxy;
+    fastcgi_temp_path $1/tmp/fcgi; uwsgi_temp_path $1/tmp/uwsgi; scgi_temp_path $1/tmp/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 60s;
+$3
+}
+EOF
+}
+
+# ---------------------------------------------------------------- backend
+setup_backend() {
+	mkdir -p "$W/www"
+	head -c 99 /dev/zero | tr '\0' 'a' >"$W/www/small"; echo >>"$W/www/small"
+	head -c 16383 /dev/zero | tr '\0' 'b' >"$W/www/big"; echo >>"$W/www/big"
+	chmod -R a+rX "$W/www"
+	nginx_conf "$W/backend" 1 "    server { listen $BE backlog=4096; root $W/www; default_type text/plain; location / { } }"
+	start backend nginx -e "$W/backend/logs/error.log" -p "$W/backend" -c "$W/backend/nginx.conf"
+	wait_port $BE
+}
+
+start_proxy() { # start_proxy KIND WORKERS → sets PROXY_PID, PROXY_ADDR
+	local kind=$1 n=$2
+	case $kind in
+	direct) PROXY_PID=""; PROXY_ADDR=$BE; return ;;
+	nginx)
+		nginx_conf "$W/ngx" "$n" "    upstream be { least_conn; server $BE; keepalive 64; keepalive_requests 1000000; }
+    server { listen $NGX backlog=4096;
+        location / { proxy_pass http://be; proxy_http_version 1.1; proxy_set_header Connection \"\";
+            proxy_set_header Host \$host; proxy_set_header X-Real-IP \$remote_addr;
+            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for; proxy_set_header X-Forwarded-Proto \$scheme; } } "
+		start ngx nginx -e "$W/ngx/logs/error.log" -p "$W/ngx" -c "$W/ngx/nginx.conf"
+		PROXY_PID=$PID_ngx; PROXY_ADDR=$NGX ;;
+	haproxy)
+		cat >"$W/haproxy.cfg" <<EOF
+global
+    nbthread $n
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+    option forwardfor
+    http-reuse always
+frontend fe
+    bind $HAP
+    default_backend be
+backend be
+    balance leastconn
+    server s1 $BE
+EOF
+		start hap haproxy -db -f "$W/haproxy.cfg"
+		PROXY_PID=$PID_hap; PROXY_ADDR=$HAP ;;
+	hapair-lb)
+		cat >"$W/lb.yaml" <<EOF
+log-level: warn
+admin: {listen: ""}
+listeners:
+  - {name: web, listen: "$HLB", backend: be}
+backends:
+  - name: be
+    kind: pool
+    balance: least-conn
+    check: {enabled: false}
+    servers:
+      - {name: s1, address: "$BE"}
+EOF
+		start hlb env GOMAXPROCS="$n" "$W/hapair-lb" --config "$W/lb.yaml"
+		PROXY_PID=$PID_hlb; PROXY_ADDR=$HLB ;;
+	esac
+	wait_port "$PROXY_ADDR"
+}
+
+to_us() { # wrk latency "1.23ms" → µs
+	awk -v v="$1" 'BEGIN{ n=v+0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n*1000; else if (v ~ /s$/) print n*1000000; else print n }'
+}
+
+run_wrk() { # run_wrk ADDR PATH PIDS → "rps p50us p99us cpu_us_per_req"
+	local t0 t1 out
+	# warm-up (connections, pools)
+	wrk -t"$WRK_THREADS" -c"$CONNS" -d1s "http://$1$2" >/dev/null 2>&1 || true
+	t0=$(cpu_ticks "$3")
+	out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" --latency "http://$1$2")
+	t1=$(cpu_ticks "$3")
+	local rps reqs p50 p99 errs
+	rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+	reqs=$(awk '/requests in/ {print $1}' <<<"$out")
+	p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
+	p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
+	errs=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
+	[ -n "$errs" ] && echo "   wrk: $errs" >&2
+	local cpu="-"
+	[ -n "$3" ] && cpu=$(awk -v d=$((t1 - t0)) -v hz="$HZ" -v r="$reqs" 'BEGIN{printf "%.1f", d*1e6/hz/r}')
+	echo "$rps $p50 $p99 $cpu"
+}
+
+throughput() {
+	setup_backend
+	local res="$W/results.txt"; : >"$res"
+	for n in 1 2; do
+		for round in $(seq "$ROUNDS"); do
+			for kind in direct nginx haproxy hapair-lb; do
+				start_proxy $kind $n
+				local pids=""
+				[ -n "$PROXY_PID" ] && pids=$(pids_of "$PROXY_PID")
+				for size in small big; do
+					r=$(run_wrk "$PROXY_ADDR" "/$size" "$pids")
+					printf '%-9s w=%d %-5s round %d: rps %9s p50 %7sus p99 %7sus cpu/req %6sus\n' $kind $n $size $round $r
+					echo "$kind $n $size $r" >>"$res"
+				done
+				[ -n "$PROXY_PID" ] && stop "$PROXY_PID"
+			done
+		done
+	done
+	echo
+	echo "== medians over $ROUNDS rounds (wrk -t$WRK_THREADS -c$CONNS -d${DUR}s, loopback, 2 cores shared) =="
+	awk '
+	function median(s,   a, n, i, j, t) { n = split(s, a, " "); for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }; return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
+	{ k = $1 " " $2 " " $3; rps[k] = rps[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6; cpu[k] = cpu[k] " " $7; keys[k] = 1 }
+	END {
+		printf "%-10s %-3s %-5s %10s %9s %9s %9s | %8s %8s %8s %8s\n", "target", "w", "size", "req/s", "p50 us", "p99 us", "cpu us/r", "thr/ngx", "thr/dir", "cpu/ngx", "p99/ngx"
+		split("direct nginx haproxy hapair-lb", kinds, " ")
+		for (n = 1; n <= 2; n++) for (s = 1; s <= 2; s++) {
+			size = (s == 1) ? "small" : "big"
+			ng = "nginx " n " " size; di = "direct " n " " size
+			for (i = 1; i <= 4; i++) {
+				k = kinds[i] " " n " " size
+				if (!(k in keys)) continue
+				r = median(rps[k]); c = (cpu[k] ~ /-/) ? "-" : median(cpu[k])
+				cn = median(cpu[ng]); rn = median(rps[ng]); rd = median(rps[di])
+				printf "%-10s %-3d %-5s %10.0f %9.0f %9.0f %9s | %8.2f %8.2f %8s %8.2f\n", kinds[i], n, size, r, median(p50[k]), median(p99[k]), c,
+					r / rn, r / rd, (c == "-" ? "-" : sprintf("%.2f", c / cn)), median(p99[k]) / median(p99[ng])
+			}
+		}
+	}' "$res"
+	stop "$PID_backend"
+}
+
+# ---------------------------------------------------------------- role switch
+haproxy_switch() { # haproxy_switch INTER FALL RISE
+	cat >"$W/hap-switch.cfg" <<EOF
+global
+    nbthread 1
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 30s
+    timeout server 30s
+frontend fe
+    bind $HAP
+    default_backend be
+backend be
+    balance leastconn
+    option httpchk GET /ha-health
+    http-check expect status 200
+    server A $NODE_A check inter $1 fall $2 rise $3
+    server B $NODE_B check inter $1 fall $2 rise $3
+EOF
+	start hsw haproxy -db -f "$W/hap-switch.cfg"
+	wait_port $HAP
+}
+
+hapair_switch() { # hapair_switch INTERVAL FALL RISE ETCD(0|1)
+	local etcd_eps="[]" fast=false
+	if [ "$4" = 1 ]; then etcd_eps="[http://$ETCD]"; fast=true; fi
+	cat >"$W/lb-switch.yaml" <<EOF
+log-level: warn
+admin: {listen: ""}
+cluster: bench
+etcd: {endpoints: $etcd_eps}
+listeners:
+  - {name: web, listen: "$HLB", backend: app}
+backends:
+  - name: app
+    kind: active-passive
+    hold-timeout: 5s
+    etcd-fast-path: $fast
+    check: {path: /ha-health, interval: $1, timeout: 80ms, fall: $2, rise: $3}
+    servers:
+      - {name: A, address: "$NODE_A"}
+      - {name: B, address: "$NODE_B"}
+EOF
+	start hlbsw "$W/hapair-lb" --config "$W/lb-switch.yaml"
+	wait_port $HLB
+}
+
+switch() {
+	local have_etcd=0
+	if command -v etcd >/dev/null; then
+		start etcd etcd --name bench --data-dir "$W/etcd" --listen-client-urls "http://$ETCD" \
+			--advertise-client-urls "http://$ETCD" --listen-peer-urls http://127.0.0.1:23800 \
+			--initial-advertise-peer-urls http://127.0.0.1:23800 --initial-cluster bench=http://127.0.0.1:23800
+		wait_port $ETCD && have_etcd=1
+	fi
+	echo "== role switch following, $FLIPS flips each =="
+	haproxy_switch 2s 2 2
+	"$W/flipper" -url "http://$HAP" -a $NODE_A -b $NODE_B -flips "$FLIPS" -settle 6s -label "haproxy inter 2s fall 2 rise 2"
+	stop "$PID_hsw"
+	haproxy_switch 100ms 2 1
+	"$W/flipper" -url "http://$HAP" -a $NODE_A -b $NODE_B -flips "$FLIPS" -settle 2s -label "haproxy inter 100ms fall 2 rise 1"
+	stop "$PID_hsw"
+	hapair_switch 100ms 2 1 0
+	"$W/flipper" -url "http://$HLB" -a $NODE_A -b $NODE_B -flips "$FLIPS" -settle 2s -label "hapair-lb checks only, interval 100ms fall 2 rise 1"
+	stop "$PID_hlbsw"
+	if [ $have_etcd = 1 ]; then
+		hapair_switch 2s 2 2 1
+		"$W/flipper" -url "http://$HLB" -a $NODE_A -b $NODE_B -flips "$FLIPS" -settle 2s -etcd "http://$ETCD" \
+			-key /hapair/bench/active -label "hapair-lb etcd fast path, interval 2s fall 2 rise 2"
+		stop "$PID_hlbsw"
+	else
+		echo "(etcd not installed: Debian etcd-server; fast-path run skipped)"
+	fi
+}
+
+case $PART in
+throughput) throughput ;;
+switch) switch ;;
+all) throughput; echo; switch ;;
+*) echo "usage: $0 [throughput|switch|all]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,451 @@
+package lb
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+)
+
+// Parsing for the lean HTTP/1.1 path. Heads are parsed in place from a copy
+// of the raw bytes; names and values are sub-slices of that copy, so a
+// request costs no allocation once the connection's buffers exist. The
+// parser is strict where lenience enables request smuggling: no obs-fold,
+// no space before the colon, no Content-Length together with
+// Transfer-Encoding, only "chunked" as a transfer coding.
+
+var (
+	errHeadTooLarge = errors.New("lb: header too large")
+	errMalformed    = errors.New("lb: malformed message")
+)
+
+type hdr struct{ name, value []byte }
+
+// head is a parsed request or response head.
+type head struct {
+	raw       []byte // owned copy of the head bytes
+	hdrs      []hdr
+	method    []byte // request
+	uri       []byte // request
+	minor     int    // HTTP/1.minor
+	status    int    // response
+	reason    []byte // response
+	host      []byte
+	length    int64 // -1 when absent
+	chunked   bool
+	close     bool // Connection: close
+	keepAlive bool // Connection: keep-alive (HTTP/1.0)
+	upgrade   bool // Connection: upgrade
+	upgradeTo []byte
+	expect100 bool
+	xff       [][]byte
+	connToks  [][]byte // other Connection tokens: headers to drop
+}
+
+func (h *head) reset() {
+	h.raw, h.hdrs = h.raw[:0], h.hdrs[:0]
+	h.method, h.uri, h.reason, h.host, h.upgradeTo = nil, nil, nil, nil, nil
+	h.minor, h.status, h.length = 1, 0, -1
+	h.chunked, h.close, h.keepAlive, h.upgrade, h.expect100 = false, false, false, false, false
+	h.xff, h.connToks = h.xff[:0], h.connToks[:0]
+}
+
+// readHead waits for a complete head (up to the blank line) in br and
+// copies it into dst. It fails with errHeadTooLarge when limit bytes (or the
+// reader's buffer) fill without one.
+func readHead(br *bufio.Reader, limit int, dst []byte) ([]byte, error) {
+	scan := 0
+	for {
+		n := br.Buffered()
+		if n == 0 {
+			if _, err := br.Peek(1); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		buf, _ := br.Peek(n)
+		if end := headEnd(buf, scan); end > 0 {
+			if end > limit {
+				return nil, errHeadTooLarge
+			}
+			dst = append(dst[:0], buf[:end]...)
+			_, _ = br.Discard(end)
+			return dst, nil
+		}
+		if n >= limit || n >= br.Size() {
+			return nil, errHeadTooLarge
+		}
+		scan = max(0, n-3)
+		if _, err := br.Peek(n + 1); err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) {
+				return nil, errHeadTooLarge
+			}
+			return nil, err
+		}
+	}
+}
+
+// headEnd returns the length of the head including its terminating blank
+// line (CRLF CRLF, or bare LF LF), or 0 when not complete.
+func headEnd(b []byte, from int) int {
+	for i := from; i < len(b); i++ {
+		if b[i] != '\n' {
+			continue
+		}
+		if i+1 < len(b) && b[i+1] == '\n' {
+			return i + 2
+		}
+		if i+2 < len(b) && b[i+1] == '\r' && b[i+2] == '\n' {
+			return i + 3
+		}
+	}
+	return 0
+}
+
+// nextLine splits off one line without its CR LF.
+func nextLine(b []byte) (line, rest []byte) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 0 {
+		return b, nil
+	}
+	line, rest = b[:i], b[i+1:]
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	return line, rest
+}
+
+// parseRequest parses h.raw as a request head. It returns 0, or the status
+// to answer with (400, 431, 501, 505).
+func (h *head) parseRequest(maxCount int) int {
+	b := h.raw
+	for len(b) > 0 && (b[0] == '\r' || b[0] == '\n') {
+		b = b[1:] // RFC 9112 §2.2: ignore leading empty lines
+	}
+	line, rest := nextLine(b)
+	sp1 := bytes.IndexByte(line, ' ')
+	if sp1 <= 0 {
+		return 400
+	}
+	h.method = line[:sp1]
+	line = line[sp1+1:]
+	sp2 := bytes.IndexByte(line, ' ')
+	if sp2 <= 0 {
+		return 400
+	}
+	h.uri, line = line[:sp2], line[sp2+1:]
+	switch string(line) {
+	case "HTTP/1.1":
+		h.minor = 1
+	case "HTTP/1.0":
+		h.minor = 0
+	default:
+		if bytes.HasPrefix(line, []byte("HTTP/")) {
+			return 505
+		}
+		return 400
+	}
+	if !isToken(h.method) || !validURI(h.uri) {
+		return 400
+	}
+	if string(h.method) == "CONNECT" {
+		return 405 // a reverse proxy opens no tunnels
+	}
+	if code := h.parseFields(rest, maxCount, true); code != 0 {
+		return code
+	}
+	if h.minor == 1 && h.host == nil {
+		return 400
+	}
+	return 0
+}
+
+// parseResponse parses h.raw as a response head.
+func (h *head) parseResponse() error {
+	line, rest := nextLine(h.raw)
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
+		return fmt.Errorf("%w: status line %q", errMalformed, trimLine(line))
+	}
+	h.minor = int(line[7] - '0')
+	code, err := strconv.Atoi(string(line[9:12]))
+	if err != nil || code < 100 || code > 599 {
+		return fmt.Errorf("%w: status %q", errMalformed, line[9:12])
+	}
+	h.status = code
+	if len(line) > 13 {
+		h.reason = line[13:]
+	}
+	if c := h.parseFields(rest, 1000, false); c != 0 {
+		return fmt.Errorf("%w: header fields", errMalformed)
+	}
+	if h.minor == 0 && !h.keepAlive {
+		h.close = true
+	}
+	return nil
+}
+
+// parseFields parses header lines and notes the ones that steer framing.
+func (h *head) parseFields(b []byte, maxCount int, request bool) int {
+	for len(b) > 0 {
+		var line []byte
+		line, b = nextLine(b)
+		if len(line) == 0 {
+			break
+		}
+		if line[0] == ' ' || line[0] == '\t' {
+			return 400 // obsolete line folding
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 || !isToken(line[:colon]) {
+			return 400
+		}
+		name, value := line[:colon], trimOWS(line[colon+1:])
+		if bytes.IndexByte(value, '\r') >= 0 || bytes.IndexByte(value, 0) >= 0 {
+			return 400
+		}
+		if len(h.hdrs) >= maxCount {
+			return 431
+		}
+		h.hdrs = append(h.hdrs, hdr{name, value})
+		if code := h.noteField(name, value, request); code != 0 {
+			return code
+		}
+	}
+	if h.chunked && h.length >= 0 {
+		if request {
+			return 400
+		}
+		h.length = -1 // RFC 9112 §6.3: Transfer-Encoding wins in a response
+	}
+	return 0
+}
+
+func (h *head) noteField(name, value []byte, request bool) int {
+	switch {
+	case eqFold(name, "host"):
+		if request && h.host != nil {
+			return 400
+		}
+		h.host = value
+	case eqFold(name, "content-length"):
+		n, ok := parseLength(value)
+		if !ok || (h.length >= 0 && h.length != n) {
+			return 400
+		}
+		h.length = n
+	case eqFold(name, "transfer-encoding"):
+		if !eqFold(value, "chunked") || h.chunked {
+			return 501
+		}
+		h.chunked = true
+	case eqFold(name, "connection"):
+		h.noteConnection(value)
+	case eqFold(name, "upgrade"):
+		h.upgradeTo = value
+	case eqFold(name, "expect"):
+		h.expect100 = eqFold(value, "100-continue")
+	case eqFold(name, "x-forwarded-for"):
+		h.xff = append(h.xff, value)
+	}
+	return 0
+}
+
+func (h *head) noteConnection(v []byte) {
+	for len(v) > 0 {
+		var tok []byte
+		if i := bytes.IndexByte(v, ','); i >= 0 {
+			tok, v = v[:i], v[i+1:]
+		} else {
+			tok, v = v, nil
+		}
+		tok = trimOWS(tok)
+		switch {
+		case len(tok) == 0:
+		case eqFold(tok, "close"):
+			h.close = true
+		case eqFold(tok, "keep-alive"):
+			h.keepAlive = true
+		case eqFold(tok, "upgrade"):
+			h.upgrade = true
+		default:
+			h.connToks = append(h.connToks, tok)
+		}
+	}
+}
+
+// hopByHopName reports headers a proxy must not forward (RFC 9110 §7.6.1),
+// plus the framing and forwarding headers the proxy writes itself.
+func (h *head) dropOnForward(name []byte, request bool) bool {
+	switch len(name) {
+	case 2:
+		return eqFold(name, "te")
+	case 4:
+		return request && eqFold(name, "host")
+	case 6:
+		return request && eqFold(name, "expect")
+	case 7:
+		return eqFold(name, "trailer") || eqFold(name, "upgrade")
+	case 9:
+		return request && eqFold(name, "x-real-ip")
+	case 10:
+		return eqFold(name, "connection") || eqFold(name, "keep-alive")
+	case 14:
+		return eqFold(name, "content-length")
+	case 15:
+		return request && eqFold(name, "x-forwarded-for")
+	case 16:
+		return eqFold(name, "proxy-connection") || request && (eqFold(name, "x-forwarded-host"))
+	case 17:
+		return eqFold(name, "transfer-encoding") || request && eqFold(name, "x-forwarded-proto")
+	case 18:
+		return eqFold(name, "proxy-authenticate")
+	case 19:
+		return eqFold(name, "proxy-authorization")
+	}
+	for _, t := range h.connToks {
+		if bytes.EqualFold(name, t) {
+			return true
+		}
+	}
+	return false
+}
+
+// relayChunked copies a chunked body unchanged (framing included),
+// flushing dst when src has nothing more buffered so streams stay live.
+func relayChunked(dst *bufio.Writer, src *bufio.Reader, flush bool) error {
+	for {
+		line, err := src.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		size, ok := chunkSize(line)
+		if !ok {
+			return fmt.Errorf("%w: chunk size %q", errMalformed, trimLine(line))
+		}
+		if _, err := dst.Write(line); err != nil {
+			return err
+		}
+		if size == 0 {
+			for { // trailer section up to the blank line
+				line, err := src.ReadSlice('\n')
+				if err != nil {
+					return err
+				}
+				if _, err := dst.Write(line); err != nil {
+					return err
+				}
+				if len(bytes.TrimRight(line, "\r\n")) == 0 {
+					return nil
+				}
+			}
+		}
+		if _, err := io.CopyN(dst, src, size+2); err != nil { // data + CRLF
+			return err
+		}
+		if flush && src.Buffered() == 0 {
+			if err := dst.Flush(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func chunkSize(line []byte) (int64, bool) {
+	var n int64
+	digits := 0
+	for _, c := range line {
+		var d byte
+		switch {
+		case c >= '0' && c <= '9':
+			d = c - '0'
+		case c >= 'a' && c <= 'f':
+			d = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			d = c - 'A' + 10
+		default:
+			return n, digits > 0 && (c == ';' || c == '\r' || c == '\n' || c == ' ' || c == '\t')
+		}
+		if digits++; digits > 15 {
+			return 0, false
+		}
+		n = n<<4 | int64(d)
+	}
+	return 0, false
+}
+
+func parseLength(v []byte) (int64, bool) {
+	if len(v) == 0 || len(v) > 18 {
+		return 0, false
+	}
+	var n int64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+func trimOWS(b []byte) []byte {
+	for len(b) > 0 && (b[0] == ' ' || b[0] == '\t') {
+		b = b[1:]
+	}
+	for len(b) > 0 && (b[len(b)-1] == ' ' || b[len(b)-1] == '\t') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// eqFold compares b with a lowercase ASCII string, ignoring case.
+func eqFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+var tokenChars = func() (t [256]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
+func isToken(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if !tokenChars[c] {
+			return false
+		}
+	}
+	return true
+}
+
+func validURI(b []byte) bool {
+	for _, c := range b {
+		if c <= ' ' || c == 0x7f {
+			return false
+		}
+	}
+	return len(b) > 0
+}

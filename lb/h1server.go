@@ -1,0 +1,600 @@
+package lb
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// h1Server is the lean HTTP/1.1 server of plain-HTTP listeners: one
+// goroutine per client connection, heads parsed in place, pooled backend
+// connections, no per-request allocation on the common path. TLS listeners
+// (HTTP/2) use net/http and httpProxy instead.
+type h1Server struct {
+	route     atomic.Pointer[route]
+	lg        *zap.Logger
+	accessLog atomic.Bool
+	shutting  atomic.Bool
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	conns     map[*h1Conn]struct{}
+}
+
+// Connection states for graceful shutdown.
+const (
+	connActive int32 = iota
+	connIdle
+	connClosed
+)
+
+// h1Conn is one client connection with its reusable buffers.
+type h1Conn struct {
+	c     net.Conn
+	br    *bufio.Reader
+	bw    *bufio.Writer
+	state atomic.Int32
+	ip    string
+	req   head
+	resp  head
+}
+
+// Client writers are large enough for a head plus a 16 KiB body in one
+// write, and are only held while a request is in progress.
+var h1WriterPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 32<<10) }}
+
+// serve accepts client connections until ln is closed.
+func (s *h1Server) serve(ln net.Listener) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return err
+		}
+		hc := &h1Conn{c: c}
+		s.mu.Lock()
+		if s.conns == nil {
+			s.conns = map[*h1Conn]struct{}{}
+		}
+		s.conns[hc] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go s.handle(hc)
+	}
+}
+
+// shutdown closes idle connections at once, lets active ones finish their
+// request, and force-closes what is left when ctx ends.
+func (s *h1Server) shutdown(ctx context.Context) {
+	s.shutting.Store(true)
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		for hc := range s.conns {
+			if hc.state.CompareAndSwap(connIdle, connClosed) {
+				_ = hc.c.Close()
+			}
+		}
+		s.mu.Unlock()
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		case <-ctx.Done():
+			s.mu.Lock()
+			for hc := range s.conns {
+				_ = hc.c.Close()
+			}
+			s.mu.Unlock()
+			<-done
+			return
+		}
+	}
+}
+
+func (s *h1Server) handle(hc *h1Conn) {
+	defer func() {
+		if r := recover(); r != nil && r != http.ErrAbortHandler {
+			s.lg.Error("connection handler panicked", zap.Any("panic", r))
+		}
+		_ = hc.c.Close()
+		hc.releaseWriter()
+		s.mu.Lock()
+		delete(s.conns, hc)
+		s.mu.Unlock()
+		s.wg.Done()
+	}()
+	if a, ok := hc.c.RemoteAddr().(*net.TCPAddr); ok {
+		hc.ip = a.IP.String()
+	}
+	lc := s.route.Load().lc
+	hc.br = bufio.NewReaderSize(hc.c, lc.MaxHeaderBytes+1024)
+	hc.req.raw = make([]byte, 0, 1024)
+	hc.resp.raw = make([]byte, 0, 1024)
+	for {
+		if !s.waitRequest(hc) {
+			return
+		}
+		hc.bw = h1WriterPool.Get().(*bufio.Writer)
+		hc.bw.Reset(hc.c)
+		keep := s.serveOne(hc)
+		hc.releaseWriter()
+		if !keep || s.shutting.Load() {
+			return
+		}
+	}
+}
+
+// releaseWriter returns the (flushed) client writer to the pool.
+func (hc *h1Conn) releaseWriter() {
+	if hc.bw != nil {
+		hc.bw.Reset(nil)
+		h1WriterPool.Put(hc.bw)
+		hc.bw = nil
+	}
+}
+
+// waitRequest waits (idle timeout) for the next request's first byte.
+func (s *h1Server) waitRequest(hc *h1Conn) bool {
+	if hc.br.Buffered() > 0 {
+		return true // pipelined
+	}
+	hc.state.Store(connIdle)
+	if s.shutting.Load() {
+		return false
+	}
+	_ = hc.c.SetReadDeadline(time.Now().Add(s.route.Load().lc.IdleTimeout))
+	if _, err := hc.br.Peek(1); err != nil {
+		return false
+	}
+	return hc.state.CompareAndSwap(connIdle, connActive)
+}
+
+// serveOne reads, forwards and answers one request; it reports whether the
+// connection may carry another.
+func (s *h1Server) serveOne(hc *h1Conn) bool {
+	rt := s.route.Load()
+	lc := rt.lc
+	var start time.Time
+	if s.accessLog.Load() {
+		start = time.Now()
+	}
+	_ = hc.c.SetReadDeadline(time.Now().Add(lc.ReadHeaderTimeout))
+	req := &hc.req
+	req.reset()
+	raw, err := readHead(hc.br, lc.MaxHeaderBytes, req.raw)
+	if err != nil {
+		if errors.Is(err, errHeadTooLarge) {
+			s.writeError(hc, 431, false, rt.g)
+			lingerClose(hc.c)
+		}
+		return false // timeout (slowloris), EOF or reset: just close
+	}
+	req.raw = raw
+	if code := req.parseRequest(lc.MaxHeaderCount); code != 0 {
+		s.writeError(hc, code, false, rt.g)
+		lingerClose(hc.c)
+		return false
+	}
+	if req.length > 0 || req.chunked || req.upgrade {
+		// Bodies and upgraded streams are not bound by the header timeout;
+		// without them the next wait sets a new deadline anyway.
+		_ = hc.c.SetReadDeadline(time.Time{})
+	}
+	if lc.WriteTimeout > 0 {
+		_ = hc.c.SetWriteDeadline(time.Now().Add(lc.WriteTimeout))
+	}
+	var status int
+	var keep bool
+	if req.upgrade && req.upgradeTo != nil && req.minor == 1 {
+		status = s.upgrade(hc, rt.g)
+	} else {
+		status, keep = s.proxy(hc, rt.g)
+	}
+	if s.accessLog.Load() {
+		s.lg.Info("access", zap.String("client", hc.ip), zap.ByteString("method", req.method),
+			zap.ByteString("host", req.host), zap.ByteString("uri", req.uri), zap.Int("proto_minor", req.minor),
+			zap.Int("status", status), zap.Duration("duration", time.Since(start)), zap.String("backend", rt.g.cfg.Name))
+	}
+	return keep && !req.close && (req.minor == 1 || req.keepAlive)
+}
+
+// proxy runs attempts on servers with the same retry rules as the net/http
+// path: connect failures anywhere, and idempotent bodiless requests before
+// any response byte.
+func (s *h1Server) proxy(hc *h1Conn, g *Group) (int, bool) {
+	req := &hc.req
+	idem := idempotent(string(req.method)) // no allocation: converted for the switch only
+	hasBody := req.length > 0 || req.chunked
+	replayable := idem && !hasBody
+	var triedBuf [4]*Server
+	tried := triedBuf[:0]
+	for attempt := 0; ; attempt++ {
+		srv, err := g.acquire(context.Background(), tried)
+		if err != nil && len(tried) > 0 {
+			s.writeError(hc, http.StatusBadGateway, false, g) // every server we could try failed
+			return http.StatusBadGateway, false
+		}
+		if err != nil {
+			g.m.noServer.WithLabelValues(g.cfg.Name).Inc()
+			s.writeError(hc, 503, !hasBody, g)
+			return 503, !hasBody
+		}
+		out, code, keep := s.try(hc, srv, idem)
+		srv.release()
+		switch out {
+		case outDone:
+			return code, keep
+		case outAborted:
+			srv.noteFailure()
+			return code, false
+		case outBadRequest:
+			return 400, false
+		}
+		srv.noteFailure()
+		retry := out == outNotSent || (out == outNoResponse && replayable)
+		if !retry || attempt >= *g.cfg.Retries {
+			s.writeError(hc, code, false, g)
+			return code, false
+		}
+		g.m.retries.WithLabelValues(g.cfg.Name).Inc()
+		tried = append(tried, srv)
+	}
+}
+
+// try makes one attempt; a stale pooled connection is replaced once by a
+// fresh one on the same server when that is safe.
+func (s *h1Server) try(hc *h1Conn, srv *Server, idem bool) (outcome, int, bool) {
+	for fresh := false; ; fresh = true {
+		var bc *backendConn
+		if !fresh {
+			bc = srv.pool.get()
+			if bc != nil && !idem && !bc.alive() {
+				bc.close()
+				bc = nil
+			}
+		}
+		reused := bc != nil
+		if bc == nil {
+			c, err := dialServer(context.Background(), srv)
+			if err != nil {
+				srv.group.lg.Debug("connect failed", zap.String("server", srv.name), zap.Error(err))
+				return outNotSent, http.StatusBadGateway, false
+			}
+			bc = newBackendConn(c)
+		}
+		out, code, keep, err := s.exchange(hc, srv, bc)
+		if out == outNoResponse && reused && idem && !errors.Is(err, errClientBody) {
+			continue
+		}
+		if err != nil && out != outAborted {
+			srv.group.lg.Debug("backend exchange failed", zap.String("server", srv.name), zap.Error(err))
+		}
+		return out, code, keep
+	}
+}
+
+// exchange sends the request on bc and relays the response to the client.
+func (s *h1Server) exchange(hc *h1Conn, srv *Server, bc *backendConn) (outcome, int, bool, error) {
+	req := &hc.req
+	writeRequestHead(bc.bw, req, hc.ip, false)
+	if err := s.sendBody(hc, bc); err != nil {
+		bc.close()
+		if errors.Is(err, errClientBody) {
+			return outBadRequest, 400, false, err
+		}
+		return outNoResponse, http.StatusBadGateway, false, err
+	}
+	resp := &hc.resp
+	if out, code, err := readResponseHead(bc, resp, srv.group.cfg.ResponseHeaderTimeout); err != nil {
+		bc.close()
+		return out, code, false, err
+	}
+	srv.countResponse(resp.status)
+	keep := s.writeResponseHead(hc, req, resp)
+	bodyErr := relayBody(hc.bw, bc.br, req, resp)
+	if bodyErr == nil {
+		bodyErr = hc.bw.Flush()
+	}
+	if bodyErr != nil || resp.close || resp.length < 0 && !resp.chunked && hasBody(req, resp) {
+		bc.close()
+	} else {
+		srv.pool.put(bc)
+	}
+	if bodyErr != nil {
+		return outAborted, resp.status, false, bodyErr
+	}
+	return outDone, resp.status, keep, nil
+}
+
+// sendBody forwards the request body (Content-Length or chunked).
+func (s *h1Server) sendBody(hc *h1Conn, bc *backendConn) error {
+	req := &hc.req
+	if req.length <= 0 && !req.chunked {
+		return bc.bw.Flush()
+	}
+	if req.expect100 {
+		// We answer the client's Expect ourselves: the backend never saw it.
+		_, _ = hc.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
+		if err := hc.bw.Flush(); err != nil {
+			return errors.Join(errClientBody, err)
+		}
+	}
+	var err error
+	if req.chunked {
+		err = relayChunked(bc.bw, hc.br, false)
+	} else {
+		err = copyN(bc.bw, hc.br, req.length)
+	}
+	if err != nil {
+		// Either side may have failed; the client's reader is the likelier.
+		return errors.Join(errClientBody, err)
+	}
+	return bc.bw.Flush()
+}
+
+// readResponseHead waits (bounded) for the backend's head, skipping 1xx.
+func readResponseHead(bc *backendConn, resp *head, timeout time.Duration) (outcome, int, error) {
+	_ = bc.c.SetReadDeadline(time.Now().Add(timeout))
+	defer func() { _ = bc.c.SetReadDeadline(time.Time{}) }()
+	if _, err := bc.br.Peek(1); err != nil {
+		code := http.StatusBadGateway
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			code = http.StatusGatewayTimeout
+		}
+		return outNoResponse, code, err
+	}
+	for {
+		resp.reset()
+		raw, err := readHead(bc.br, bc.br.Size(), resp.raw)
+		if err != nil {
+			return outFailed, http.StatusBadGateway, err
+		}
+		resp.raw = raw
+		if err := resp.parseResponse(); err != nil {
+			return outFailed, http.StatusBadGateway, err
+		}
+		if resp.status >= 200 || resp.status == http.StatusSwitchingProtocols {
+			return outDone, resp.status, nil
+		}
+	}
+}
+
+// hasBody reports whether the response carries a body (RFC 9112 §6.3).
+func hasBody(req, resp *head) bool {
+	if string(req.method) == "HEAD" || resp.status == 204 || resp.status == 304 || resp.status < 200 {
+		return false
+	}
+	return true
+}
+
+// writeResponseHead writes the status line, end-to-end headers and our
+// framing; it reports whether the client connection stays open.
+func (s *h1Server) writeResponseHead(hc *h1Conn, req, resp *head) bool {
+	bw := hc.bw
+	keep := !req.close && (req.minor == 1 || req.keepAlive) && !s.shutting.Load()
+	body := hasBody(req, resp)
+	closeDelimited := body && resp.length < 0 && (!resp.chunked || req.minor == 0)
+	if closeDelimited {
+		keep = false
+	}
+	bw.WriteString("HTTP/1.1 ")
+	bw.WriteString(strconv.Itoa(resp.status))
+	bw.WriteByte(' ')
+	bw.Write(resp.reason)
+	bw.WriteString("\r\n")
+	for _, h := range resp.hdrs {
+		if resp.dropOnForward(h.name, false) {
+			continue
+		}
+		bw.Write(h.name)
+		bw.WriteString(": ")
+		bw.Write(h.value)
+		bw.WriteString("\r\n")
+	}
+	switch {
+	case resp.length >= 0 && (body || string(req.method) == "HEAD"):
+		bw.WriteString("Content-Length: ")
+		bw.WriteString(strconv.FormatInt(resp.length, 10))
+		bw.WriteString("\r\n")
+	case body && resp.chunked && req.minor == 1:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+	}
+	switch {
+	case !keep:
+		bw.WriteString("Connection: close\r\n\r\n")
+	case req.minor == 0:
+		bw.WriteString("Connection: keep-alive\r\n\r\n")
+	default:
+		bw.WriteString("\r\n")
+	}
+	return keep
+}
+
+// relayBody copies the response body with the framing chosen above.
+func relayBody(dst *bufio.Writer, src *bufio.Reader, req, resp *head) error {
+	switch {
+	case !hasBody(req, resp):
+		return nil
+	case resp.length >= 0:
+		return copyN(dst, src, resp.length)
+	case resp.chunked && req.minor == 1:
+		return relayChunked(dst, src, true)
+	case resp.chunked:
+		_, err := io.Copy(dst, httputil.NewChunkedReader(src))
+		return err
+	default: // close-delimited
+		_, err := io.Copy(dst, src)
+		return err
+	}
+}
+
+// writeRequestHead writes the request line, end-to-end headers and the
+// forwarding headers to the backend.
+func writeRequestHead(bw *bufio.Writer, req *head, ip string, upgrade bool) {
+	bw.Write(req.method)
+	bw.WriteByte(' ')
+	bw.Write(req.uri)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.Write(req.host)
+	bw.WriteString("\r\n")
+	for _, h := range req.hdrs {
+		if req.dropOnForward(h.name, true) {
+			continue
+		}
+		bw.Write(h.name)
+		bw.WriteString(": ")
+		bw.Write(h.value)
+		bw.WriteString("\r\n")
+	}
+	bw.WriteString("X-Forwarded-For: ")
+	for _, v := range req.xff {
+		bw.Write(v)
+		bw.WriteString(", ")
+	}
+	bw.WriteString(ip)
+	bw.WriteString("\r\nX-Real-IP: ")
+	bw.WriteString(ip)
+	bw.WriteString("\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: ")
+	bw.Write(req.host)
+	bw.WriteString("\r\n")
+	if upgrade {
+		bw.WriteString("Connection: Upgrade\r\nUpgrade: ")
+		bw.Write(req.upgradeTo)
+		bw.WriteString("\r\n")
+	}
+	switch {
+	case req.chunked:
+		bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+	case req.length > 0 || req.length == 0 && (string(req.method) == "POST" || string(req.method) == "PUT" || string(req.method) == "PATCH"):
+		bw.WriteString("Content-Length: ")
+		bw.WriteString(strconv.FormatInt(max(req.length, 0), 10))
+		bw.WriteString("\r\n\r\n")
+	default:
+		bw.WriteString("\r\n")
+	}
+}
+
+// lingerClose half-closes and drains briefly what the client is still
+// sending, so it reads our error instead of a reset (as net/http does).
+func lingerClose(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 1<<20))
+}
+
+// writeError answers with a short plain-text error.
+func (s *h1Server) writeError(hc *h1Conn, code int, keep bool, g *Group) {
+	text := http.StatusText(code)
+	bw := hc.bw
+	bw.WriteString("HTTP/1.1 ")
+	bw.WriteString(strconv.Itoa(code))
+	bw.WriteByte(' ')
+	bw.WriteString(text)
+	bw.WriteString("\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ")
+	bw.WriteString(strconv.Itoa(len(text) + 1))
+	if code == http.StatusServiceUnavailable && g != nil {
+		secs := int((g.cfg.RetryAfter + time.Second - 1) / time.Second)
+		bw.WriteString("\r\nRetry-After: ")
+		bw.WriteString(strconv.Itoa(max(secs, 1)))
+	}
+	if !keep {
+		bw.WriteString("\r\nConnection: close")
+	}
+	bw.WriteString("\r\n\r\n")
+	bw.WriteString(text)
+	bw.WriteString("\n")
+	_ = bw.Flush()
+}
+
+// upgrade relays an Upgrade (WebSocket) request on a fresh backend
+// connection; after 101 it pipes raw bytes both ways. The client
+// connection ends with it.
+func (s *h1Server) upgrade(hc *h1Conn, g *Group) int {
+	srv, err := g.acquire(context.Background(), nil)
+	if err != nil {
+		g.m.noServer.WithLabelValues(g.cfg.Name).Inc()
+		s.writeError(hc, 503, false, g)
+		return 503
+	}
+	defer srv.release()
+	c, err := dialServer(context.Background(), srv)
+	if err != nil {
+		srv.noteFailure()
+		s.writeError(hc, 502, false, g)
+		return 502
+	}
+	bc := newBackendConn(c)
+	defer bc.close()
+	writeRequestHead(bc.bw, &hc.req, hc.ip, true)
+	if err := s.sendBody(hc, bc); err != nil {
+		srv.noteFailure()
+		s.writeError(hc, 502, false, g)
+		return 502
+	}
+	resp := &hc.resp
+	if _, code, err := readResponseHead(bc, resp, g.cfg.ResponseHeaderTimeout); err != nil {
+		srv.noteFailure()
+		s.writeError(hc, code, false, g)
+		return code
+	}
+	srv.countResponse(resp.status)
+	if resp.status != http.StatusSwitchingProtocols {
+		hc.req.close = true
+		s.writeResponseHead(hc, &hc.req, resp)
+		_ = relayBody(hc.bw, bc.br, &hc.req, resp)
+		_ = hc.bw.Flush()
+		return resp.status
+	}
+	_, _ = hc.bw.Write(resp.raw) // the 101 head as the backend sent it
+	if err := hc.bw.Flush(); err != nil {
+		return 101
+	}
+	pipe(hc.c, hc.br, bc.c, bc.br)
+	return 101
+}
+
+// copyN moves exactly n bytes between buffered ends without allocating
+// (io.CopyN would allocate a LimitedReader per call).
+func copyN(dst *bufio.Writer, src *bufio.Reader, n int64) error {
+	for n > 0 {
+		if src.Buffered() == 0 {
+			if _, err := src.Peek(1); err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return err
+			}
+		}
+		b, _ := src.Peek(int(min(int64(src.Buffered()), n)))
+		w, err := dst.Write(b)
+		_, _ = src.Discard(w)
+		n -= int64(w)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,527 @@
+package lb
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// route is what an HTTP listener serves; swapped atomically on reload.
+type route struct {
+	g  *Group
+	lc ListenerConfig
+}
+
+// httpProxy is the reverse proxy handler of one HTTP listener.
+type httpProxy struct {
+	route     atomic.Pointer[route]
+	lg        *zap.Logger
+	accessLog bool
+	tls       bool
+}
+
+// outcome classifies how far a forwarding attempt got, which decides
+// whether it may be retried.
+type outcome uint8
+
+const (
+	outDone       outcome = iota // response fully relayed
+	outNotSent                   // nothing reached the backend (connect failed): always retryable
+	outNoResponse                // request (maybe) sent, no response byte: retryable if idempotent
+	outFailed                    // failed after response bytes: not retryable, 502 to the client
+	outAborted                   // response already started to the client: abort the connection
+	outBadRequest                // the client's own body failed
+)
+
+var (
+	errClientBody = errors.New("lb: reading client body")
+	errClientGone = errors.New("lb: writing to client")
+)
+
+var (
+	bufPool     = sync.Pool{New: func() any { b := make([]byte, 32*1024); return &b }}
+	readerPool  sync.Pool
+	writerPool  sync.Pool
+	skipRequest = map[string]bool{"Connection": true, "Proxy-Connection": true, "Keep-Alive": true,
+		"Proxy-Authenticate": true, "Proxy-Authorization": true, "Te": true, "Trailer": true,
+		"Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Expect": true, "Host": true,
+		"X-Forwarded-For": true, "X-Forwarded-Proto": true, "X-Forwarded-Host": true, "X-Real-Ip": true}
+	skipResponse = map[string]bool{"Connection": true, "Proxy-Connection": true, "Keep-Alive": true,
+		"Proxy-Authenticate": true, "Proxy-Authorization": true, "Te": true, "Trailer": true,
+		"Transfer-Encoding": true, "Upgrade": true}
+)
+
+// backendConn is one connection to a backend with its buffers.
+type backendConn struct {
+	c  net.Conn
+	br *bufio.Reader
+	bw *bufio.Writer
+}
+
+func newBackendConn(c net.Conn) *backendConn {
+	bc := &backendConn{c: c}
+	if v, ok := readerPool.Get().(*bufio.Reader); ok {
+		v.Reset(c)
+		bc.br = v
+	} else {
+		bc.br = bufio.NewReaderSize(c, 32<<10) // a 16 KiB response in one read
+	}
+	if v, ok := writerPool.Get().(*bufio.Writer); ok {
+		v.Reset(c)
+		bc.bw = v
+	} else {
+		bc.bw = bufio.NewWriterSize(c, 8192)
+	}
+	return bc
+}
+
+func (bc *backendConn) close() {
+	_ = bc.c.Close()
+	if bc.br != nil {
+		bc.br.Reset(nil)
+		readerPool.Put(bc.br)
+		bc.bw.Reset(nil)
+		writerPool.Put(bc.bw)
+		bc.br, bc.bw = nil, nil
+	}
+}
+
+// alive tells whether an idle pooled connection was closed by the backend,
+// without consuming data. Used before sending a non-idempotent request on a
+// reused connection, which could not be replayed if it turned out stale.
+func (bc *backendConn) alive() bool {
+	if bc.br.Buffered() > 0 {
+		return false // unsolicited bytes: the connection is out of sync
+	}
+	_ = bc.c.SetReadDeadline(time.Now().Add(time.Microsecond))
+	_, err := bc.br.Peek(1)
+	_ = bc.c.SetReadDeadline(time.Time{})
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func dialServer(ctx context.Context, s *Server) (net.Conn, error) {
+	d := net.Dialer{Timeout: s.group.cfg.ConnectTimeout}
+	return d.DialContext(ctx, "tcp", s.cfg.Address)
+}
+
+// ServeHTTP forwards one request to the backend chosen by the route.
+func (p *httpProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rt := p.route.Load()
+	var start time.Time
+	if p.accessLog {
+		start = time.Now()
+	}
+	code := 0
+	switch {
+	case len(r.Header) > rt.lc.MaxHeaderCount:
+		code = http.StatusRequestHeaderFieldsTooLarge
+		http.Error(w, "too many header fields", code)
+	case r.ProtoMajor == 1 && r.Header.Get("Upgrade") != "" && headerHasToken(r.Header, "Connection", "upgrade"):
+		code = p.serveUpgrade(w, r, rt.g)
+	default:
+		code = p.forward(w, r, rt.g)
+	}
+	if p.accessLog {
+		p.lg.Info("access", zap.String("client", r.RemoteAddr), zap.String("method", r.Method),
+			zap.String("host", r.Host), zap.String("uri", r.RequestURI), zap.String("proto", r.Proto),
+			zap.Int("status", code), zap.Duration("duration", time.Since(start)),
+			zap.String("backend", rt.g.cfg.Name))
+	}
+}
+
+// forward runs attempts until one completes or retrying is no longer safe.
+func (p *httpProxy) forward(w http.ResponseWriter, r *http.Request, g *Group) int {
+	idem := idempotent(r.Method)
+	replayable := idem && (r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0)
+	var triedBuf [4]*Server
+	tried := triedBuf[:0]
+	for attempt := 0; ; attempt++ {
+		s, err := g.acquire(r.Context(), tried)
+		if err != nil && len(tried) > 0 {
+			http.Error(w, "bad gateway", http.StatusBadGateway) // every server we could try failed
+			return http.StatusBadGateway
+		}
+		if err != nil {
+			return p.unavailable(w, g, err)
+		}
+		out, code := p.try(w, r, s, idem)
+		s.release()
+		switch out {
+		case outDone:
+			return code
+		case outAborted:
+			s.noteFailure()
+			panic(http.ErrAbortHandler)
+		case outBadRequest:
+			http.Error(w, "bad request body", http.StatusBadRequest)
+			return http.StatusBadRequest
+		}
+		s.noteFailure()
+		retry := out == outNotSent || (out == outNoResponse && replayable)
+		if !retry || attempt >= *g.cfg.Retries {
+			if code == 0 {
+				code = http.StatusBadGateway
+			}
+			http.Error(w, http.StatusText(code), code)
+			return code
+		}
+		g.m.retries.WithLabelValues(g.cfg.Name).Inc()
+		tried = append(tried, s)
+	}
+}
+
+// unavailable answers when no server could be found (after the hold).
+func (p *httpProxy) unavailable(w http.ResponseWriter, g *Group, err error) int {
+	g.m.noServer.WithLabelValues(g.cfg.Name).Inc()
+	if errors.Is(err, context.Canceled) {
+		return 499 // client went away while holding
+	}
+	secs := int((g.cfg.RetryAfter + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
+	http.Error(w, "no server available", http.StatusServiceUnavailable)
+	return http.StatusServiceUnavailable
+}
+
+// try makes one attempt on server s. A stale pooled connection (closed by
+// the backend while idle) is replaced by a fresh one on the same server when
+// that is safe, without counting as a retry.
+func (p *httpProxy) try(w http.ResponseWriter, r *http.Request, s *Server, idem bool) (outcome, int) {
+	for fresh := false; ; fresh = true {
+		var bc *backendConn
+		if !fresh {
+			bc = s.pool.get()
+			if bc != nil && !idem && !bc.alive() {
+				bc.close()
+				bc = nil
+			}
+		}
+		reused := bc != nil
+		if bc == nil {
+			c, err := dialServer(r.Context(), s)
+			if err != nil {
+				s.group.lg.Debug("connect failed", zap.String("server", s.name), zap.Error(err))
+				return outNotSent, http.StatusBadGateway
+			}
+			bc = newBackendConn(c)
+		}
+		out, code, err := p.exchange(w, r, s, bc)
+		if out == outNoResponse && reused && idem && !errors.Is(err, errClientBody) {
+			continue // stale keep-alive connection: once more on a new one
+		}
+		if err != nil && out != outAborted {
+			s.group.lg.Debug("backend exchange failed", zap.String("server", s.name), zap.Error(err))
+		}
+		return out, code
+	}
+}
+
+// exchange writes the request on bc and relays the response.
+func (p *httpProxy) exchange(w http.ResponseWriter, r *http.Request, s *Server, bc *backendConn) (outcome, int, error) {
+	if err := writeRequest(bc.bw, r, p.tls, false); err != nil {
+		bc.close()
+		if errors.Is(err, errClientBody) {
+			return outBadRequest, http.StatusBadRequest, err
+		}
+		return outNoResponse, http.StatusBadGateway, err
+	}
+	resp, out, code, err := readResponse(bc, r, s.group.cfg.ResponseHeaderTimeout)
+	if err != nil {
+		bc.close()
+		return out, code, err
+	}
+	s.countResponse(resp.StatusCode)
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	if err := copyBody(w, resp.Body, resp.ContentLength < 0); err != nil {
+		bc.close()
+		return outAborted, resp.StatusCode, err
+	}
+	if resp.Close {
+		bc.close()
+	} else {
+		s.pool.put(bc)
+	}
+	return outDone, resp.StatusCode, nil
+}
+
+// readResponse waits (bounded) for the response head, skipping interim 1xx.
+func readResponse(bc *backendConn, r *http.Request, timeout time.Duration) (*http.Response, outcome, int, error) {
+	_ = bc.c.SetReadDeadline(time.Now().Add(timeout))
+	if _, err := bc.br.Peek(1); err != nil {
+		code := http.StatusBadGateway
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			code = http.StatusGatewayTimeout
+		}
+		return nil, outNoResponse, code, err
+	}
+	for {
+		resp, err := http.ReadResponse(bc.br, r)
+		if err != nil {
+			return nil, outFailed, http.StatusBadGateway, err
+		}
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			_ = bc.c.SetReadDeadline(time.Time{})
+			return resp, outDone, resp.StatusCode, nil
+		}
+	}
+}
+
+// writeRequest writes the request head and streams its body. With upgrade
+// the Connection/Upgrade pair is kept (WebSocket); otherwise hop-by-hop
+// headers are dropped and the connection is kept alive.
+func writeRequest(bw *bufio.Writer, r *http.Request, tlsIn, upgrade bool) error {
+	uri := r.RequestURI
+	if uri == "" || uri[0] != '/' && uri != "*" {
+		uri = r.URL.RequestURI()
+	}
+	bw.WriteString(r.Method)
+	bw.WriteByte(' ')
+	bw.WriteString(uri)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(r.Host)
+	bw.WriteString("\r\n")
+	connListed := r.Header["Connection"]
+	for k, vv := range r.Header {
+		if skipRequest[k] || len(connListed) > 0 && headerHasToken(r.Header, "Connection", k) {
+			continue
+		}
+		for _, v := range vv {
+			writeHeaderLine(bw, k, v)
+		}
+	}
+	writeForwarded(bw, r, tlsIn)
+	if upgrade {
+		writeHeaderLine(bw, "Connection", "Upgrade")
+		writeHeaderLine(bw, "Upgrade", r.Header.Get("Upgrade"))
+	}
+	hasBody := r.Body != nil && r.Body != http.NoBody
+	switch {
+	case r.ContentLength > 0:
+		bw.WriteString("Content-Length: ")
+		bw.WriteString(strconv.FormatInt(r.ContentLength, 10))
+		bw.WriteString("\r\n\r\n")
+	case r.ContentLength < 0 && hasBody:
+		bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+	case r.Method == http.MethodPost || r.Method == http.MethodPut || r.Method == http.MethodPatch:
+		bw.WriteString("Content-Length: 0\r\n\r\n")
+	default:
+		bw.WriteString("\r\n")
+	}
+	if hasBody && r.ContentLength != 0 {
+		if err := writeBody(bw, r); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
+
+func writeBody(bw *bufio.Writer, r *http.Request) error {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	var dst io.Writer = bw
+	var cw io.WriteCloser
+	if r.ContentLength < 0 {
+		cw = httputil.NewChunkedWriter(bw)
+		dst = cw
+	}
+	buf := *bp
+	for {
+		n, rerr := r.Body.Read(buf)
+		if n > 0 {
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return err
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return errors.Join(errClientBody, rerr)
+		}
+	}
+	if cw != nil {
+		if err := cw.Close(); err != nil {
+			return err
+		}
+		_, err := bw.WriteString("\r\n")
+		return err
+	}
+	return nil
+}
+
+// writeForwarded adds X-Forwarded-For (appended), -Proto, -Host and X-Real-IP.
+func writeForwarded(bw *bufio.Writer, r *http.Request, tlsIn bool) {
+	ip := r.RemoteAddr
+	if h, _, err := net.SplitHostPort(ip); err == nil {
+		ip = h
+	}
+	bw.WriteString("X-Forwarded-For: ")
+	for _, v := range r.Header["X-Forwarded-For"] {
+		bw.WriteString(v)
+		bw.WriteString(", ")
+	}
+	bw.WriteString(ip)
+	bw.WriteString("\r\nX-Real-IP: ")
+	bw.WriteString(ip)
+	if tlsIn {
+		bw.WriteString("\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: ")
+	} else {
+		bw.WriteString("\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: ")
+	}
+	bw.WriteString(r.Host)
+	bw.WriteString("\r\n")
+}
+
+func writeHeaderLine(bw *bufio.Writer, k, v string) {
+	bw.WriteString(k)
+	bw.WriteString(": ")
+	bw.WriteString(v)
+	bw.WriteString("\r\n")
+}
+
+// copyHeader copies response headers without hop-by-hop ones.
+func copyHeader(dst, src http.Header) {
+	connListed := len(src["Connection"]) > 0
+	for k, vv := range src {
+		if skipResponse[k] || connListed && headerHasToken(src, "Connection", k) {
+			continue
+		}
+		dst[k] = vv
+	}
+}
+
+// copyBody relays a response body with a pooled buffer; flush streams
+// bodies of unknown length (SSE, chunked) as they arrive.
+func copyBody(w http.ResponseWriter, body io.ReadCloser, flush bool) error {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	fl, _ := w.(http.Flusher)
+	for {
+		n, rerr := body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return errors.Join(errClientGone, err)
+			}
+			if flush && fl != nil {
+				fl.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			return body.Close()
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// idempotent per RFC 9110 §9.2.2.
+func idempotent(m string) bool {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return false
+}
+
+// headerHasToken reports whether a comma-separated header lists token.
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h[name] {
+		for v != "" {
+			var t string
+			t, v, _ = strings.Cut(v, ",")
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// serveUpgrade relays an Upgrade (WebSocket) request: a fresh backend
+// connection, and after 101 the raw bytes both ways until either side closes.
+func (p *httpProxy) serveUpgrade(w http.ResponseWriter, r *http.Request, g *Group) int {
+	s, err := g.acquire(r.Context(), nil)
+	if err != nil {
+		return p.unavailable(w, g, err)
+	}
+	defer s.release()
+	c, err := dialServer(r.Context(), s)
+	if err != nil {
+		s.noteFailure()
+		http.Error(w, "bad gateway", http.StatusBadGateway)
+		return http.StatusBadGateway
+	}
+	bc := newBackendConn(c)
+	defer bc.close()
+	if err := writeRequest(bc.bw, r, p.tls, true); err != nil {
+		s.noteFailure()
+		http.Error(w, "bad gateway", http.StatusBadGateway)
+		return http.StatusBadGateway
+	}
+	resp, _, code, err := readResponse(bc, r, s.group.cfg.ResponseHeaderTimeout)
+	if err != nil {
+		s.noteFailure()
+		http.Error(w, http.StatusText(code), code)
+		return code
+	}
+	s.countResponse(resp.StatusCode)
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		copyHeader(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		_ = copyBody(w, resp.Body, true)
+		return resp.StatusCode
+	}
+	cc, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return http.StatusInternalServerError
+	}
+	defer cc.Close()
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\n")
+	resp.Header.Write(brw)
+	brw.WriteString("\r\n")
+	if err := brw.Flush(); err != nil {
+		return http.StatusSwitchingProtocols
+	}
+	pipe(cc, brw.Reader, bc.c, bc.br)
+	return http.StatusSwitchingProtocols
+}
+
+// pipe copies a↔b (with already buffered bytes first) until one side ends.
+func pipe(a net.Conn, ar io.Reader, b net.Conn, br io.Reader) {
+	done := make(chan struct{}, 2)
+	go func() {
+		_, _ = io.Copy(b, ar)
+		closeWrite(b)
+		done <- struct{}{}
+	}()
+	go func() {
+		_, _ = io.Copy(a, br)
+		closeWrite(a)
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}

@@ -1,0 +1,226 @@
+package lb
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// echoBackend reports what it received and offers streaming and upgrade.
+func echoBackend(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{}, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Got-Host", r.Host)
+		w.Header().Set("X-Got-XFF", r.Header.Get("X-Forwarded-For"))
+		w.Header().Set("X-Got-Real-IP", r.Header.Get("X-Real-IP"))
+		w.Header().Set("X-Got-Proto", r.Header.Get("X-Forwarded-Proto"))
+		w.Header().Set("X-Got-Fwd-Host", r.Header.Get("X-Forwarded-Host"))
+		w.Header().Set("X-Got-Foo", r.Header.Get("X-Foo"))
+		w.Header().Set("X-Got-Keep-Alive", r.Header.Get("Keep-Alive"))
+		w.Header().Set("X-Got-Len", r.Header.Get("Content-Length"))
+		w.Header().Set("Keep-Alive", "timeout=5") // hop-by-hop: must not reach the client
+		_, _ = w.Write(body)
+	})
+	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "first\n")
+		w.(http.Flusher).Flush()
+		select { // the second part only after the client saw the first
+		case <-release:
+		case <-time.After(5 * time.Second):
+		}
+		_, _ = io.WriteString(w, "second\n")
+	})
+	mux.HandleFunc("/release", func(w http.ResponseWriter, r *http.Request) {
+		release <- struct{}{}
+	})
+	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "no upgrade", 400)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		_ = brw.Flush()
+		_, _ = io.Copy(c, brw) // echo
+	})
+	srv := &http.Server{Handler: mux}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return ln.Addr().String()
+}
+
+func engines() []string { return []string{"fast", "std"} }
+
+// TestProxyCorrectness covers forwarding headers, hop-by-hop removal,
+// bodies of known and unknown length, streaming and Upgrade, on both engines.
+func TestProxyCorrectness(t *testing.T) {
+	be := echoBackend(t)
+	for _, engine := range engines() {
+		t.Run(engine, func(t *testing.T) {
+			cfg := poolConfig(be)
+			cfg.Listeners[0].Engine = engine
+			l := startLB(t, cfg, nil)
+			url := l.url("web")
+			c := newClient()
+
+			req, _ := http.NewRequest("POST", url+"/echo", strings.NewReader("hello body"))
+			req.Host = "app.example"
+			req.Header.Set("X-Forwarded-For", "10.9.8.7")
+			req.Header.Set("Connection", "X-Foo")
+			req.Header.Set("X-Foo", "secret")
+			req.Header.Set("Keep-Alive", "timeout=9")
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			want := map[string]string{"X-Got-Host": "app.example", "X-Got-XFF": "10.9.8.7, 127.0.0.1",
+				"X-Got-Real-IP": "127.0.0.1", "X-Got-Proto": "http", "X-Got-Fwd-Host": "app.example",
+				"X-Got-Foo": "", "X-Got-Keep-Alive": "", "X-Got-Len": "10", "Keep-Alive": ""}
+			for k, v := range want {
+				if got := resp.Header.Get(k); got != v {
+					t.Errorf("%s = %q, want %q", k, got, v)
+				}
+			}
+			if string(body) != "hello body" {
+				t.Errorf("body %q", body)
+			}
+
+			// Unknown-length upload (chunked).
+			pr, pw := io.Pipe()
+			go func() {
+				for range 3 {
+					_, _ = pw.Write([]byte("chunk."))
+				}
+				pw.Close()
+			}()
+			req, _ = http.NewRequest("PUT", url+"/echo", pr)
+			resp, err = c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(body) != "chunk.chunk.chunk." {
+				t.Errorf("chunked upload echoed %q", body)
+			}
+
+			// Streaming: the first part arrives before the backend finishes.
+			resp, err = c.Get(url + "/stream")
+			if err != nil {
+				t.Fatal(err)
+			}
+			br := bufio.NewReader(resp.Body)
+			line, err := br.ReadString('\n')
+			if err != nil || line != "first\n" {
+				t.Fatalf("stream first part: %q %v", line, err)
+			}
+			r2, err := c.Get(url + "/release")
+			if err != nil {
+				t.Fatal(err)
+			}
+			r2.Body.Close()
+			rest, _ := io.ReadAll(br)
+			resp.Body.Close()
+			if string(rest) != "second\n" {
+				t.Errorf("stream rest %q", rest)
+			}
+
+			// Upgrade (WebSocket handshake, then raw bytes both ways).
+			conn, err := net.Dial("tcp", l.ListenerAddr("web").String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+			cr := bufio.NewReader(conn)
+			status, _ := cr.ReadString('\n')
+			if !strings.HasPrefix(status, "HTTP/1.1 101") {
+				t.Fatalf("upgrade status %q", status)
+			}
+			for {
+				l, _ := cr.ReadString('\n')
+				if l == "\r\n" || l == "" {
+					break
+				}
+			}
+			_, _ = io.WriteString(conn, "ping")
+			got := make([]byte, 4)
+			if _, err := io.ReadFull(cr, got); err != nil || string(got) != "ping" {
+				t.Errorf("upgraded echo %q %v", got, err)
+			}
+		})
+	}
+}
+
+// TestTLSHTTP2: a TLS listener serves HTTP/2 to clients and tells the
+// backend X-Forwarded-Proto: https.
+func TestTLSHTTP2(t *testing.T) {
+	be := echoBackend(t)
+	cert, key := selfSigned(t)
+	cfg := poolConfig(be)
+	cfg.Listeners[0].TLS.CertFile, cfg.Listeners[0].TLS.KeyFile = cert, key
+	l := startLB(t, cfg, nil)
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}}
+	resp, err := c.Get("https://" + l.ListenerAddr("web").String() + "/echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Errorf("protocol %s, want HTTP/2", resp.Proto)
+	}
+	if got := resp.Header.Get("X-Got-Proto"); got != "https" {
+		t.Errorf("X-Forwarded-Proto %q, want https", got)
+	}
+}
+
+func selfSigned(t *testing.T) (certFile, keyFile string) {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "c.pem"), filepath.Join(dir, "k.pem")
+	_ = os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	_ = os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
+	return certFile, keyFile
+}

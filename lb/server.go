@@ -1,0 +1,292 @@
+package lb
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// AdminState is the operator's runtime setting for a server.
+type AdminState uint32
+
+// Admin states (HAProxy's ready/drain/maint).
+const (
+	AdminReady AdminState = iota // takes traffic when its checks allow
+	AdminDrain                   // no new requests; in-flight ones finish
+	AdminMaint                   // no traffic, TCP sessions closed
+)
+
+func (a AdminState) String() string {
+	switch a {
+	case AdminDrain:
+		return "drain"
+	case AdminMaint:
+		return "maint"
+	default:
+		return "ready"
+	}
+}
+
+// ParseAdminState parses "ready", "drain" or "maint".
+func ParseAdminState(s string) (AdminState, bool) {
+	switch s {
+	case "ready":
+		return AdminReady, true
+	case "drain":
+		return AdminDrain, true
+	case "maint":
+		return AdminMaint, true
+	}
+	return AdminReady, false
+}
+
+// Server is one backend server with its check state and counters. The data
+// path only reads atomics; the group recomputes eligibility under its lock.
+type Server struct {
+	cfg   ServerConfig
+	group *Group
+	name  string
+
+	up        atomic.Bool  // active check verdict (or true without checks)
+	epoch     atomic.Int64 // X-Hapair-Epoch of the last good check
+	confirm   atomic.Bool  // named by a new key: routed only after its next good check
+	admin     atomic.Uint32
+	failUntil atomic.Int64 // unix nanos; passive failure marking
+	active    atomic.Int64 // in-flight requests or TCP sessions
+	requests  atomic.Uint64
+	errors    atomic.Uint64
+
+	nudge chan int64 // fast-path confirmation: expected epoch (0 = just check now)
+
+	mu         sync.Mutex // guards the fields below
+	okRun      int        // consecutive good checks
+	failRun    int        // consecutive bad checks
+	checkState string     // "up", "down", "init"
+	lastReason string
+	lastChange time.Time
+	lastCheck  time.Time
+	role       string
+	failCount  int
+	failStart  time.Time
+	sessions   map[*tcpSession]struct{}
+
+	pool *connPool
+
+	mReq    prometheus.Counter
+	mErr    prometheus.Counter
+	mResp   [6]prometheus.Counter // by status class 1xx..5xx, index 0 unused
+	mChecks [2]prometheus.Counter // fail, ok
+}
+
+func newServer(cfg ServerConfig, g *Group) *Server {
+	s := &Server{
+		cfg:        cfg,
+		group:      g,
+		name:       cfg.Name,
+		nudge:      make(chan int64, 1),
+		checkState: "init",
+		lastChange: time.Now(),
+		sessions:   map[*tcpSession]struct{}{},
+	}
+	if g.cfg.Kind == KindActivePassive || g.cfg.Kind == KindPool {
+		s.pool = newConnPool(g.cfg.IdleConns, g.cfg.IdleConnTimeout)
+	}
+	if !g.cfg.Check.ChecksEnabled() {
+		s.up.Store(true)
+		s.checkState = "no-check"
+	}
+	m := g.m
+	s.mReq = m.requests.WithLabelValues(g.cfg.Name, cfg.Name)
+	s.mErr = m.errors.WithLabelValues(g.cfg.Name, cfg.Name)
+	for i, c := range []string{"", "1xx", "2xx", "3xx", "4xx", "5xx"} {
+		if c != "" {
+			s.mResp[i] = m.responses.WithLabelValues(g.cfg.Name, cfg.Name, c)
+		}
+	}
+	s.mChecks[0] = m.checks.WithLabelValues(g.cfg.Name, cfg.Name, "fail")
+	s.mChecks[1] = m.checks.WithLabelValues(g.cfg.Name, cfg.Name, "ok")
+	return s
+}
+
+// Name is the server's configured name.
+func (s *Server) Name() string { return s.name }
+
+// Admin returns the runtime admin state.
+func (s *Server) Admin() AdminState { return AdminState(s.admin.Load()) }
+
+// passiveFailed reports whether passive failure marking keeps it out now.
+func (s *Server) passiveFailed(now int64) bool {
+	return s.failUntil.Load() > now
+}
+
+// noteFailure counts a failed request for max-fails/fail-timeout marking.
+func (s *Server) noteFailure() {
+	s.errors.Add(1)
+	s.mErr.Inc()
+	g := s.group
+	if g.cfg.MaxFails <= 0 {
+		return
+	}
+	now := time.Now()
+	s.mu.Lock()
+	if now.Sub(s.failStart) > g.cfg.FailTimeout {
+		s.failStart, s.failCount = now, 0
+	}
+	s.failCount++
+	trip := s.failCount >= g.cfg.MaxFails
+	if trip {
+		s.failCount = 0
+		s.failUntil.Store(now.Add(g.cfg.FailTimeout).UnixNano())
+		s.lastReason = "passive: max-fails reached"
+	}
+	s.mu.Unlock()
+	if trip {
+		g.lg.Warn("server marked failed", zapServer(s)...)
+	}
+}
+
+// countResponse records a response status for metrics.
+func (s *Server) countResponse(code int) {
+	if c := code / 100; c >= 1 && c <= 5 {
+		s.mResp[c].Inc()
+	}
+}
+
+func (s *Server) addSession(t *tcpSession) {
+	s.mu.Lock()
+	s.sessions[t] = struct{}{}
+	s.mu.Unlock()
+}
+
+func (s *Server) removeSession(t *tcpSession) {
+	s.mu.Lock()
+	delete(s.sessions, t)
+	s.mu.Unlock()
+}
+
+// killSessions closes every TCP session to this server at once
+// (HAProxy's on-marked-down shutdown-sessions).
+func (s *Server) killSessions() int {
+	s.mu.Lock()
+	list := make([]*tcpSession, 0, len(s.sessions))
+	for t := range s.sessions {
+		list = append(list, t)
+	}
+	s.mu.Unlock()
+	for _, t := range list {
+		t.kill()
+	}
+	return len(list)
+}
+
+// ServerStatus is the JSON view of a server for the admin API.
+type ServerStatus struct {
+	Name        string    `json:"name"`
+	Address     string    `json:"address"`
+	Node        string    `json:"node"`
+	Weight      int       `json:"weight"`
+	Eligible    bool      `json:"eligible"`
+	State       string    `json:"state"`
+	Admin       string    `json:"admin"`
+	Check       string    `json:"check"`
+	LastReason  string    `json:"last_reason"`
+	LastChange  time.Time `json:"last_change"`
+	LastCheck   time.Time `json:"last_check"`
+	Epoch       int64     `json:"epoch"`
+	Role        string    `json:"role,omitempty"`
+	Active      int64     `json:"active"`
+	Requests    uint64    `json:"requests"`
+	Errors      uint64    `json:"errors"`
+	FailedUntil time.Time `json:"failed_until,omitzero"`
+}
+
+func (s *Server) status(eligible bool) ServerStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := ServerStatus{
+		Name: s.name, Address: s.cfg.Address, Node: s.cfg.Node, Weight: s.cfg.Weight,
+		Eligible: eligible, Admin: s.Admin().String(), Check: s.checkState,
+		LastReason: s.lastReason, LastChange: s.lastChange, LastCheck: s.lastCheck,
+		Epoch: s.epoch.Load(), Role: s.role, Active: s.active.Load(),
+		Requests: s.requests.Load(), Errors: s.errors.Load(),
+	}
+	if fu := s.failUntil.Load(); fu > time.Now().UnixNano() {
+		st.FailedUntil = time.Unix(0, fu)
+	}
+	switch {
+	case s.Admin() == AdminMaint:
+		st.State = "MAINT"
+	case s.Admin() == AdminDrain:
+		st.State = "DRAIN"
+	case eligible:
+		st.State = "UP"
+	case s.up.Load():
+		st.State = "STANDBY" // checks pass but it is not routed to (vetoed, lower epoch)
+	default:
+		st.State = "DOWN"
+	}
+	return st
+}
+
+// idleConn is a pooled keep-alive connection to a backend server.
+type idleConn struct {
+	bc     *backendConn
+	idleAt time.Time
+}
+
+// connPool keeps idle keep-alive connections to one server, newest first.
+type connPool struct {
+	mu      sync.Mutex
+	idle    []idleConn
+	max     int
+	timeout time.Duration
+	closed  bool
+}
+
+func newConnPool(max int, timeout time.Duration) *connPool {
+	return &connPool{max: max, timeout: timeout}
+}
+
+// get returns the most recently used idle connection that has not expired.
+func (p *connPool) get() *backendConn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for n := len(p.idle); n > 0; n = len(p.idle) {
+		ic := p.idle[n-1]
+		p.idle[n-1] = idleConn{}
+		p.idle = p.idle[:n-1]
+		if time.Since(ic.idleAt) < p.timeout {
+			return ic.bc
+		}
+		ic.bc.close()
+	}
+	return nil
+}
+
+// put returns a healthy connection to the pool, or closes it when full.
+func (p *connPool) put(bc *backendConn) {
+	p.mu.Lock()
+	if p.closed || len(p.idle) >= p.max {
+		p.mu.Unlock()
+		bc.close()
+		return
+	}
+	p.idle = append(p.idle, idleConn{bc: bc, idleAt: time.Now()})
+	p.mu.Unlock()
+}
+
+// closeAll drops every idle connection (server removed or marked down).
+func (p *connPool) closeAll(final bool) {
+	p.mu.Lock()
+	list := p.idle
+	p.idle = nil
+	if final {
+		p.closed = true
+	}
+	p.mu.Unlock()
+	for _, ic := range list {
+		ic.bc.close()
+	}
+}
