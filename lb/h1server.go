@@ -265,30 +265,15 @@ func (s *h1Server) proxy(hc *h1Conn, g *Group) (int, bool) {
 // fresh one on the same server when that is safe.
 func (s *h1Server) try(hc *h1Conn, srv *Server, idem bool) (outcome, int, bool) {
 	for fresh := false; ; fresh = true {
-		var bc *backendConn
-		if !fresh {
-			bc = srv.pool.get()
-			if bc != nil && !idem && !bc.alive() {
-				bc.close()
-				bc = nil
-			}
-		}
-		reused := bc != nil
-		if bc == nil {
-			c, err := dialServer(context.Background(), srv)
-			if err != nil {
-				srv.group.lg.Debug("connect failed", zap.String("server", srv.name), zap.Error(err))
-				return outNotSent, http.StatusBadGateway, false
-			}
-			bc = newBackendConn(c)
+		bc, reused, err := srv.conn(context.Background(), idem, fresh)
+		if err != nil {
+			return outNotSent, http.StatusBadGateway, false
 		}
 		out, code, keep, err := s.exchange(hc, srv, bc)
-		if out == outNoResponse && reused && idem && !errors.Is(err, errClientBody) {
+		if staleRetry(out, reused, idem, err) {
 			continue
 		}
-		if err != nil && out != outAborted {
-			srv.group.lg.Debug("backend exchange failed", zap.String("server", srv.name), zap.Error(err))
-		}
+		srv.logExchange(out, err)
 		return out, code, keep
 	}
 }

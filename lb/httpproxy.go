@@ -199,31 +199,52 @@ func (p *httpProxy) unavailable(w http.ResponseWriter, g *Group, err error) int 
 // that is safe, without counting as a retry.
 func (p *httpProxy) try(w http.ResponseWriter, r *http.Request, s *Server, idem bool) (outcome, int) {
 	for fresh := false; ; fresh = true {
-		var bc *backendConn
-		if !fresh {
-			bc = s.pool.get()
-			if bc != nil && !idem && !bc.alive() {
-				bc.close()
-				bc = nil
-			}
-		}
-		reused := bc != nil
-		if bc == nil {
-			c, err := dialServer(r.Context(), s)
-			if err != nil {
-				s.group.lg.Debug("connect failed", zap.String("server", s.name), zap.Error(err))
-				return outNotSent, http.StatusBadGateway
-			}
-			bc = newBackendConn(c)
+		bc, reused, err := s.conn(r.Context(), idem, fresh)
+		if err != nil {
+			return outNotSent, http.StatusBadGateway
 		}
 		out, code, err := p.exchange(w, r, s, bc)
-		if out == outNoResponse && reused && idem && !errors.Is(err, errClientBody) {
-			continue // stale keep-alive connection: once more on a new one
+		if staleRetry(out, reused, idem, err) {
+			continue
 		}
-		if err != nil && out != outAborted {
-			s.group.lg.Debug("backend exchange failed", zap.String("server", s.name), zap.Error(err))
-		}
+		s.logExchange(out, err)
 		return out, code
+	}
+}
+
+// conn returns a backend connection to s for one attempt: a pooled one
+// unless fresh is asked for (a non-idempotent request never gets one that is
+// visibly dead), else a new dial. reused tells whether it came from the pool.
+func (s *Server) conn(ctx context.Context, idem, fresh bool) (bc *backendConn, reused bool, err error) {
+	if !fresh {
+		bc = s.pool.get()
+		if bc != nil && !idem && !bc.alive() {
+			bc.close()
+			bc = nil
+		}
+	}
+	if bc != nil {
+		return bc, true, nil
+	}
+	c, err := dialServer(ctx, s)
+	if err != nil {
+		s.group.lg.Debug("connect failed", zap.String("server", s.name), zap.Error(err))
+		return nil, false, err
+	}
+	return newBackendConn(c), false, nil
+}
+
+// staleRetry reports whether an attempt failed only because a pooled
+// keep-alive connection had gone stale (closed by the backend while idle):
+// an idempotent request is then sent once more on a new connection, which
+// does not count as a retry.
+func staleRetry(out outcome, reused, idem bool, err error) bool {
+	return out == outNoResponse && reused && idem && !errors.Is(err, errClientBody)
+}
+
+func (s *Server) logExchange(out outcome, err error) {
+	if err != nil && out != outAborted {
+		s.group.lg.Debug("backend exchange failed", zap.String("server", s.name), zap.Error(err))
 	}
 }
 

@@ -171,6 +171,15 @@ func (s *Syncer) recvPut(r *http.Request, rt *rootState, q request) error {
 		t := time.Unix(0, q.mtime)
 		err = rt.root.Chtimes(tmp, t, t)
 	}
+	return s.install(rt, q, tmp, err, q.size)
+}
+
+// install puts the prepared temp file (or link) tmp in place of q.path: the
+// local file it replaces is quarantined first when the peer never had it,
+// the rename is made durable, and the path is recorded as received. prepErr
+// is the error of preparing tmp; on any error tmp is removed.
+func (s *Syncer) install(rt *rootState, q request, tmp string, prepErr error, size int64) error {
+	err := prepErr
 	if err == nil {
 		err = s.makeRoom(rt, q.path, q.epoch, false)
 	}
@@ -181,11 +190,11 @@ func (s *Syncer) recvPut(r *http.Request, rt *rootState, q request) error {
 		rt.root.Remove(tmp)
 		return err
 	}
-	if err := syncRootDir(rt, dir); err != nil {
+	if err := syncRootDir(rt, path.Dir(q.path)); err != nil {
 		return err
 	}
 	s.remember(rt, q.path)
-	s.countReceived(q.size)
+	s.countReceived(size)
 	return nil
 }
 
@@ -566,20 +575,5 @@ func (s *Syncer) recvSymlink(rt *rootState, q request) error {
 		return err
 	}
 	err := setOwner(func(u, g int) error { return rt.root.Lchown(tmp, u, g) }, q)
-	if err == nil {
-		err = s.makeRoom(rt, q.path, q.epoch, false)
-	}
-	if err == nil {
-		err = rt.root.Rename(tmp, q.path)
-	}
-	if err != nil {
-		rt.root.Remove(tmp)
-		return err
-	}
-	if err := syncRootDir(rt, dir); err != nil {
-		return err
-	}
-	s.remember(rt, q.path)
-	s.countReceived(0)
-	return nil
+	return s.install(rt, q, tmp, err, 0)
 }

@@ -136,11 +136,12 @@ func TestBigFile(t *testing.T) {
 func TestRenamedInFileIsNotHeld(t *testing.T) {
 	a, b, _ := pair(t)
 	a.activate(10)
-	// Wait until the sender watches the tree (a file found by the start-up
-	// reconcile, with no close seen, is rightly held back).
-	writeFile(t, filepath.Join(a.root, "first.txt"), "x", 0o644)
+	// Wait until the sender watches w/ (a file found by a scan, the start-up
+	// reconcile's or a new directory's, with no close seen, is rightly held
+	// back).
+	writeFile(t, filepath.Join(a.root, "w", "first.txt"), "x", 0o644)
 	eventually(t, 10*time.Second, "first file on b", func() bool {
-		return readFile(filepath.Join(b.root, "first.txt")) == "x"
+		return readFile(filepath.Join(b.root, "w", "first.txt")) == "x"
 	})
 	// Twenty uploads, as an application writes them: temp file, rename.
 	var worst time.Duration

@@ -113,8 +113,10 @@ func (w *Member) handOff(ctx context.Context, srv *etcdserver.EtcdServer, member
 		w.lg.Warn("leadership hand-off failed", zap.String("to", to.Name), zap.Error(err))
 		return false
 	}
-	w.m.LeaderTransfers.Inc()
+	// The gauge first: a reader that sees the transfer counted must also
+	// see that this member no longer leads.
 	w.m.IsLeader.Set(0)
+	w.m.LeaderTransfers.Inc()
 	w.warnedNoTransferee = false
 	w.lg.Info("handed raft leadership to a data member", zap.String("to", to.Name),
 		zap.String("to_id", to.ID.String()), zap.Duration("took", time.Since(start)))
