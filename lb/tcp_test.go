@@ -6,119 +6,18 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/hapair/hapair/internal/etcdtest"
+	"github.com/hapair/hapair/internal/pgtest"
 )
-
-const pgBin = "/usr/lib/postgresql/15/bin"
-
-// pgInstance is a real PostgreSQL 15 started by the test.
-type pgInstance struct {
-	port int
-	cmd  *exec.Cmd
-}
-
-// requirePG skips when PostgreSQL 15 cannot be run here.
-func requirePG(t *testing.T) {
-	if _, err := os.Stat(pgBin + "/initdb"); err != nil {
-		t.Skip("PostgreSQL 15 not installed (Debian package postgresql-15)")
-	}
-	if os.Geteuid() == 0 {
-		if _, err := user.Lookup("postgres"); err != nil {
-			t.Skip("running as root without a postgres user (Debian package postgresql-15)")
-		}
-	}
-}
-
-// startPG runs initdb and postgres (as user postgres when root) in a
-// private directory, and stops it at cleanup. Safe to call from several
-// goroutines: it reports errors instead of failing the test.
-func startPG(t *testing.T) (*pgInstance, error) {
-	dir, err := os.MkdirTemp("", "hapair-lb-pg-")
-	if err != nil {
-		return nil, err
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	asPG := func(name string, args ...string) *exec.Cmd { return exec.Command(name, args...) }
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			return nil, err
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chmod(dir, 0o755); err != nil {
-			return nil, err
-		}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return nil, err
-		}
-		asPG = func(name string, args ...string) *exec.Cmd {
-			c := exec.Command("setpriv", append([]string{"--reuid=postgres", "--regid=postgres", "--init-groups", name}, args...)...)
-			c.Env = []string{"HOME=/var/lib/postgresql", "LANG=C.UTF-8", "PATH=/usr/bin:/bin"}
-			return c
-		}
-	}
-	data := filepath.Join(dir, "data")
-	if out, err := asPG(pgBin+"/initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8",
-		"--locale=C.UTF-8", "--no-sync").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("initdb: %w\n%s", err, out)
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	cmd := asPG(pgBin+"/postgres", "-D", data, "-p", strconv.Itoa(port), "-k", dir,
-		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "shared_buffers=16MB",
-		"-c", "max_connections=30", "-c", "logging_collector=off")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	pg := &pgInstance{port: port, cmd: cmd}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGINT) // fast shutdown
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := pgx.Connect(ctx, pg.dsn(port))
-		if err == nil {
-			_ = c.Close(ctx)
-			cancel()
-			return pg, nil
-		}
-		cancel()
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("postgres on port %d not up: %w", port, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func (pg *pgInstance) dsn(port int) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable&connect_timeout=2", port)
-}
 
 func freePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -213,13 +112,13 @@ func serverPort(t *testing.T, lbAddr string) (int, error) {
 // TestTCPPatroni is Must-show 6 against two real PostgreSQL 15 instances
 // fronted by fake Patroni REST endpoints.
 func TestTCPPatroni(t *testing.T) {
-	requirePG(t)
-	var pgA, pgB *pgInstance
+	pgtest.Require(t)
+	var pgA, pgB *pgtest.Server
 	var errA, errB error
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); pgA, errA = startPG(t) }()
-	go func() { defer wg.Done(); pgB, errB = startPG(t) }()
+	go func() { defer wg.Done(); pgA, errA = pgtest.New(t) }()
+	go func() { defer wg.Done(); pgB, errB = pgtest.New(t) }()
 	wg.Wait()
 	if errA != nil || errB != nil {
 		t.Fatalf("postgres did not start: %v %v", errA, errB)
@@ -227,8 +126,8 @@ func TestTCPPatroni(t *testing.T) {
 	patA, patB := newFakePatroni(t, true), newFakePatroni(t, false)
 	interval := 200 * time.Millisecond
 	servers := []ServerConfig{
-		{Name: "A", Address: fmt.Sprintf("127.0.0.1:%d", pgA.port), CheckAddress: patA.addr()},
-		{Name: "B", Address: fmt.Sprintf("127.0.0.1:%d", pgB.port), CheckAddress: patB.addr()},
+		{Name: "A", Address: fmt.Sprintf("127.0.0.1:%d", pgA.Port), CheckAddress: patA.addr()},
+		{Name: "B", Address: fmt.Sprintf("127.0.0.1:%d", pgB.Port), CheckAddress: patB.addr()},
 	}
 	cfg := DefaultConfig()
 	cfg.Admin.Listen = ""
@@ -250,11 +149,11 @@ func TestTCPPatroni(t *testing.T) {
 			fmt.Sprint(eligibleNames(l.Group("pg-replicas"))) == "[B]"
 	})
 	for range 3 {
-		if p, err := serverPort(t, rw); err != nil || p != pgA.port {
-			t.Fatalf("rw went to port %d (%v), want primary A %d", p, err, pgA.port)
+		if p, err := serverPort(t, rw); err != nil || p != pgA.Port {
+			t.Fatalf("rw went to port %d (%v), want primary A %d", p, err, pgA.Port)
 		}
-		if p, err := serverPort(t, ro); err != nil || p != pgB.port {
-			t.Fatalf("ro went to port %d (%v), want replica B %d", p, err, pgB.port)
+		if p, err := serverPort(t, ro); err != nil || p != pgB.Port {
+			t.Fatalf("ro went to port %d (%v), want replica B %d", p, err, pgB.Port)
 		}
 	}
 
@@ -281,7 +180,7 @@ func TestTCPPatroni(t *testing.T) {
 	}
 	waitFor(t, 3*time.Second, "new primary B", func() bool {
 		p, err := serverPort(t, rw)
-		return err == nil && p == pgB.port
+		return err == nil && p == pgB.Port
 	})
 
 	// Replicas: A (now replica) over the lag bound gets nothing; with no
@@ -297,7 +196,7 @@ func TestTCPPatroni(t *testing.T) {
 	patA.lagOK.Store(true)
 	waitFor(t, 3*time.Second, "replica A within lag", func() bool {
 		p, err := serverPort(t, ro)
-		return err == nil && p == pgA.port
+		return err == nil && p == pgA.Port
 	})
 }
 

@@ -1,22 +1,15 @@
 package roled
 
 import (
-	"fmt"
 	"io"
 	"net"
-	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hapair/hapair/internal/etcdtest"
+	"github.com/hapair/hapair/internal/pgtest"
 )
-
-const pgBin = "/usr/lib/postgresql/15/bin"
 
 // agentReply reads one HAProxy agent-check answer.
 func agentReply(t *testing.T, addr string) string {
@@ -30,105 +23,23 @@ func agentReply(t *testing.T, addr string) string {
 	return strings.TrimSuffix(string(b), "\n")
 }
 
-// testPG is a throw-away PostgreSQL 15 cluster (Debian's postgresql-15),
-// run as user postgres when the test runs as root.
-type testPG struct {
-	t      *testing.T
-	dir    string
-	data   string
-	sock   string
-	port   int
-	asUser *user.User // nil: run as ourselves
-}
-
-func newTestPG(t *testing.T) *testPG {
+// newTestPG starts a throw-away PostgreSQL 15, or skips without one.
+func newTestPG(t *testing.T) *pgtest.Server {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(pgBin, "initdb")); err != nil {
-		t.Skip("PostgreSQL 15 not installed (Debian package postgresql-15)")
-	}
-	p := &testPG{t: t}
-	if os.Geteuid() == 0 {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Skip("running as root without a postgres user (Debian package postgresql-15)")
-		}
-		p.asUser = u
-	}
-	dir, err := os.MkdirTemp("", "hapair-pg-")
+	pgtest.Require(t)
+	pg, err := pgtest.New(t)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.dir, p.data, p.sock = dir, filepath.Join(dir, "data"), filepath.Join(dir, "sock")
-	t.Cleanup(func() {
-		_ = p.cmd("pg_ctl", "-D", p.data, "-m", "immediate", "-w", "stop").Run()
-		os.RemoveAll(dir)
-	})
-	if err := os.Mkdir(p.sock, 0o755); err != nil {
+	return pg
+}
+
+// must fails the test on a PostgreSQL control error.
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if p.asUser != nil {
-		uid, _ := strconv.Atoi(p.asUser.Uid)
-		gid, _ := strconv.Atoi(p.asUser.Gid)
-		for _, d := range []string{dir, p.sock} {
-			if err := os.Chown(d, uid, gid); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	ln := listenLocal(t)
-	p.port = ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	p.run("initdb", "-D", p.data, "-U", "postgres", "-A", "trust", "-N", "--locale=C", "-E", "UTF8")
-	p.start()
-	return p
-}
-
-// cmd runs a PostgreSQL binary, as postgres via setpriv when we are root.
-func (p *testPG) cmd(bin string, args ...string) *exec.Cmd {
-	path := filepath.Join(pgBin, bin)
-	if p.asUser == nil {
-		return exec.Command(path, args...)
-	}
-	full := append([]string{"--reuid=postgres", "--regid=postgres", "--init-groups", path}, args...)
-	c := exec.Command("setpriv", full...)
-	c.Env = []string{"HOME=" + p.asUser.HomeDir, "USER=postgres", "LOGNAME=postgres", "PATH=/usr/bin:/bin", "LANG=C.UTF-8"}
-	return c
-}
-
-func (p *testPG) run(bin string, args ...string) {
-	p.t.Helper()
-	if out, err := p.cmd(bin, args...).CombinedOutput(); err != nil {
-		p.t.Fatalf("%s %v: %v\n%s", bin, args, err, out)
-	}
-}
-
-func (p *testPG) start() {
-	p.t.Helper()
-	opts := fmt.Sprintf("-k %s -p %d -c listen_addresses='' -c fsync=off", p.sock, p.port)
-	p.run("pg_ctl", "-D", p.data, "-o", opts, "-l", filepath.Join(p.dir, "log"), "-w", "-t", "60", "start")
-}
-
-func (p *testPG) stop() { p.run("pg_ctl", "-D", p.data, "-m", "fast", "-w", "stop") }
-
-// standby makes the next start come up in recovery.
-func (p *testPG) standby() {
-	p.t.Helper()
-	f := filepath.Join(p.data, "standby.signal")
-	if err := os.WriteFile(f, nil, 0o600); err != nil {
-		p.t.Fatal(err)
-	}
-	if p.asUser != nil {
-		uid, _ := strconv.Atoi(p.asUser.Uid)
-		gid, _ := strconv.Atoi(p.asUser.Gid)
-		_ = os.Chown(f, uid, gid)
-	}
-}
-
-func (p *testPG) dsn() string {
-	return fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable", p.sock, p.port)
 }
 
 // Must show 5 (second half): Patroni says primary and the leader key names
@@ -140,7 +51,7 @@ func TestPostgresCheck(t *testing.T) {
 	c := etcdtest.New(t)
 	a := startNode(t, c, "A", func(cfg *Config) {
 		cfg.Postgres.Enabled = true
-		cfg.Postgres.DSN = pg.dsn()
+		cfg.Postgres.DSN = pg.SocketDSN()
 		cfg.ReplicaAgent.Listen = "127.0.0.1:0"
 		cfg.ReplicaAgent.Interval = 100 * time.Millisecond
 	})
@@ -153,14 +64,14 @@ func TestPostgresCheck(t *testing.T) {
 	a.waitCode(t, 200, 10*time.Second)
 	agent("drain") // the primary leaves the replica pool
 
-	pg.stop()
+	must(t, pg.Stop())
 	a.waitCode(t, 503, 3*time.Second)
 	agent("down")
 	if r := a.status(t).Reason; r != string(ReasonPostgresDown) {
 		t.Fatalf("reason %q, want %q", r, ReasonPostgresDown)
 	}
-	pg.standby()
-	pg.start()
+	must(t, pg.Standby())
+	must(t, pg.Start())
 	waitFor(t, 5*time.Second, "in-recovery seen", func() bool { return a.status(t).Postgres.InRecovery })
 	if code, _ := patientHealth(a.url); code != 503 {
 		t.Fatalf("A answered %d with PostgreSQL in recovery", code)
@@ -169,7 +80,7 @@ func TestPostgresCheck(t *testing.T) {
 	if r := a.status(t).Reason; r != string(ReasonInRecovery) {
 		t.Fatalf("reason %q, want %q", r, ReasonInRecovery)
 	}
-	pg.run("pg_ctl", "-D", pg.data, "-w", "promote")
+	must(t, pg.Promote())
 	a.waitCode(t, 200, 10*time.Second)
 	oc.halt()
 	oc.mu.Lock()
@@ -188,7 +99,7 @@ func TestPostgresStopEndsActiveFast(t *testing.T) {
 	c := etcdtest.New(t)
 	a := startNode(t, c, "A", func(cfg *Config) {
 		cfg.Postgres.Enabled = true
-		cfg.Postgres.DSN = pg.dsn()
+		cfg.Postgres.DSN = pg.SocketDSN()
 		// Patroni is polled so slowly that only the ACTIVE-time
 		// PostgreSQL recheck can notice the stop within the bound below.
 		cfg.Patroni.PollInterval = time.Minute
@@ -196,7 +107,7 @@ func TestPostgresStopEndsActiveFast(t *testing.T) {
 	})
 	a.pat.promote()
 	a.waitCode(t, 200, 10*time.Second)
-	pg.stop()
+	must(t, pg.Stop())
 	a.waitCode(t, 503, 1500*time.Millisecond)
 	if r := a.status(t).Reason; r != string(ReasonPostgresDown) {
 		t.Fatalf("reason %q, want %q", r, ReasonPostgresDown)
