@@ -37,7 +37,13 @@ type Config struct {
 	WitnessNames []string `yaml:"witness-names"`
 	Nodes        []Node   `yaml:"nodes"`
 	LB           LB       `yaml:"lb"`
-	Drill        Drill    `yaml:"drill"`
+	// StepDown: switchover first asks the old ACTIVE's roled to step down
+	// (default true), so that requests wait in the balancer's hold for the
+	// new node instead of failing on the old one while its PostgreSQL shuts
+	// down. With a balancer that does not hold (hold-timeout 0) it only
+	// lengthens the outage: turn it off there.
+	StepDown bool  `yaml:"step-down"`
+	Drill    Drill `yaml:"drill"`
 }
 
 // Node is one data node and how to reach its parts.
@@ -71,7 +77,7 @@ type Drill struct {
 func DefaultConfig() Config {
 	return Config{
 		Cluster: "hapair", Roled: "http://127.0.0.1:7400", Scope: "hapair", Namespace: "/service", Timeout: 2 * time.Second,
-		Etcd: config.DefaultEtcd(), WitnessNames: []string{"witness"},
+		Etcd: config.DefaultEtcd(), WitnessNames: []string{"witness"}, StepDown: true,
 		LB: LB{AdminURL: "http://127.0.0.1:7480", Backend: "app", WritePath: "/write", WhoPath: "/health"},
 		Drill: Drill{ProbeInterval: 50 * time.Millisecond, PhaseTimeout: 90 * time.Second,
 			Settle: 3 * time.Second},

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/hapair/hapair/internal/config"
 	"github.com/hapair/hapair/internal/etcdtest"
 )
@@ -242,6 +244,12 @@ func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
 	}
 	if res.From != "a" || res.LBServing == 0 || res.RoledActive == 0 {
 		t.Errorf("switchover result %+v", res)
+	}
+	if !strings.Contains(buf.String(), "asked roled on a to step down") {
+		t.Errorf("no step-down before the switchover:\n%s", buf.String())
+	}
+	if r, err := cli.Get(ctx, cfg.Prefix()+"stepdown/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || r.Count != 0 {
+		t.Errorf("step-down request not released after the switchover (count %v, err %v)", r, err)
 	}
 	if _, err := c.Switchover(ctx, "b", &buf); err == nil {
 		t.Error("switchover to the current leader succeeded")

@@ -9,6 +9,10 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/hapair/hapair/roled"
 )
 
 // Steps prints timed progress lines relative to a start time.
@@ -70,10 +74,68 @@ func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (Switch
 	res.From = from
 	fromNode, _ := c.Cfg.Node(from)
 	st := &Steps{W: w, Start: time.Now()}
+	if c.Cfg.StepDown {
+		release, err := c.stepDown(ctx, st, fromNode)
+		if err != nil {
+			return res, err
+		}
+		defer release()
+	}
 	st.Printf("switchover %s -> %s: POST %s/switchover", from, to, fromNode.PatroniURL)
 	done := make(chan error, 1)
 	go func() { done <- c.postSwitchover(ctx, fromNode, target) }()
 	return res, c.follow(ctx, st, fromNode, target, done, &res)
+}
+
+// stepDownTTL bounds how long a step-down request outlives a hapairctl that
+// died half-way: the key is on a lease of this TTL.
+const stepDownTTL = 30 * time.Second
+
+// stepDown asks the old primary's roled to go PASSIVE before Patroni is asked
+// to switch over. Its PostgreSQL refuses writes about 1 s before its /primary
+// turns 503 (LAB.md §4): without this, requests reaching its application in
+// that window fail. With it, the balancer holds new requests (hold-timeout)
+// from the step-down until the new node is ACTIVE. The request is a key on a
+// lease; release revokes the lease, which ends the request whatever the
+// outcome (a refused switchover leaves the old node free to be ACTIVE again).
+func (c *Client) stepDown(ctx context.Context, st *Steps, from Node) (release func(), err error) {
+	cli, err := c.Etcd()
+	if err != nil {
+		return nil, err
+	}
+	tctx, cancel := context.WithTimeout(ctx, c.Cfg.Timeout)
+	defer cancel()
+	lease, err := cli.Grant(tctx, int64(stepDownTTL/time.Second))
+	if err == nil {
+		_, err = cli.Put(tctx, roled.StepDownKey(c.Cfg.Prefix(), from.Name), "hapairctl switchover", clientv3.WithLease(lease.ID))
+	}
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("step-down request for %s: %w", from.Name, err)
+	}
+	release = func() {
+		rctx, rcancel := context.WithTimeout(context.Background(), c.Cfg.Timeout)
+		defer rcancel()
+		_, _ = cli.Revoke(rctx, lease.ID)
+		cli.Close()
+	}
+	st.Printf("asked roled on %s to step down", from.Name)
+	if from.RoledURL == "" {
+		return release, nil
+	}
+	// Wait (briefly) until it has; Patroni's switchover goes ahead anyway,
+	// roled's own checks still end ACTIVE when PostgreSQL refuses.
+	deadline := time.Now().Add(2 * time.Second)
+	for c.Roled(ctx, from).Role == "active" && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			release()
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond): // polling roled's /role with a deadline
+		}
+	}
+	st.Printf("roled on %s: %s", from.Name, c.Roled(ctx, from).Role)
+	return release, nil
 }
 
 func (c *Client) postSwitchover(ctx context.Context, from, to Node) error {

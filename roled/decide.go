@@ -30,6 +30,7 @@ const (
 	ReasonEtcdStale        Reason = "etcd_view_stale"
 	ReasonTakeover         Reason = "takeover_alarm"
 	ReasonTakeoverPending  Reason = "takeover_check_pending"
+	ReasonStepDown         Reason = "step_down_requested"
 	ReasonPatroniDown      Reason = "patroni_unreachable"
 	ReasonPatroniGarbage   Reason = "patroni_garbage"
 	ReasonPatroniStale     Reason = "patroni_stale"
@@ -98,6 +99,9 @@ type Observation struct {
 	// The leader key names this member but its history could not be read
 	// (transient error): a takeover cannot be ruled out yet.
 	TakeoverUnchecked bool
+	// An operator (hapairctl switchover) asked this node to step down before
+	// a planned Patroni switchover: its key under stepdown/ exists.
+	StepDown bool
 
 	Patroni  PatroniView
 	Postgres PostgresView
@@ -163,6 +167,8 @@ func fenced(o Observation, now time.Duration) (Reason, bool) {
 		return ReasonTakeover, false
 	case o.TakeoverUnchecked:
 		return ReasonTakeoverPending, false
+	case o.StepDown:
+		return ReasonStepDown, false
 	}
 	return "", true
 }

@@ -45,6 +45,8 @@ func TestDecide(t *testing.T) {
 		{"etcd view stale", RoleActive, func(o *Observation) { held(o); o.EtcdAt = sec(5) }, RolePassive, ReasonEtcdStale},
 		{"takeover alarm", RolePassive, func(o *Observation) { o.TakeoverFor = true }, RolePassive, ReasonTakeover},
 		{"takeover check pending", RolePassive, func(o *Observation) { o.TakeoverUnchecked = true }, RolePassive, ReasonTakeoverPending},
+		{"step-down requested while active", RoleActive, func(o *Observation) { o.StepDown = true }, RolePassive, ReasonStepDown},
+		{"step-down requested while passive", RolePassive, func(o *Observation) { o.StepDown = true }, RolePassive, ReasonStepDown},
 		{"takeover alarm while active", RoleActive, func(o *Observation) { held(o); o.TakeoverFor = true }, RolePassive, ReasonTakeover},
 		{"patroni never answered", RolePassive, func(o *Observation) { o.Patroni = PatroniView{} }, RolePassive, ReasonPatroniStale},
 		{"patroni answer stale", RoleActive, func(o *Observation) { held(o); o.Patroni.At = sec(7) }, RolePassive, ReasonPatroniStale},

@@ -25,6 +25,7 @@ type etcdView struct {
 	takeover   *TakeoverAlarm   // detected on the current leader key, nil if none
 	unchecked  string           // member named by a leader key whose history could not be read just now
 	optime     int64            // Patroni's leader optime (status key), 0 if unknown
+	stepDown   bool             // our stepdown key exists
 }
 
 // activeValue is the JSON of the active key.
@@ -35,6 +36,7 @@ type activeValue struct {
 
 func (d *Daemon) activeKey() string             { return d.cfg.prefix() + "active" }
 func (d *Daemon) nodeKey() string               { return d.cfg.prefix() + "nodes/" + d.cfg.Node }
+func (d *Daemon) stepDownKey() string           { return StepDownKey(d.cfg.prefix(), d.cfg.Node) }
 func (d *Daemon) alarmKey(member string) string { return AlarmPrefix(d.cfg.prefix()) + member }
 
 // etcdLoop re-reads on every watch event, on request and every
@@ -85,6 +87,7 @@ func (d *Daemon) watchFrom(ctx context.Context, rev int64) {
 	leader := d.cli.Watch(wctx, d.cfg.leaderKey(), wr)
 	active := d.cli.Watch(wctx, d.activeKey(), wr)
 	alarms := d.cli.Watch(wctx, AlarmPrefix(d.cfg.prefix()), wr, clientv3.WithPrefix())
+	stepDown := d.cli.Watch(wctx, d.stepDownKey(), wr)
 	for {
 		var resp clientv3.WatchResponse
 		var ok bool
@@ -94,6 +97,7 @@ func (d *Daemon) watchFrom(ctx context.Context, rev int64) {
 		case resp, ok = <-leader:
 		case resp, ok = <-active:
 		case resp, ok = <-alarms:
+		case resp, ok = <-stepDown:
 		}
 		if !ok || resp.Err() != nil || resp.Canceled {
 			if ctx.Err() == nil {
@@ -119,6 +123,7 @@ func (d *Daemon) readOnce(ctx context.Context) {
 		clientv3.OpGet(d.activeKey()),
 		clientv3.OpGet(AlarmPrefix(d.cfg.prefix()), clientv3.WithPrefix()),
 		clientv3.OpGet(d.cfg.statusKey()),
+		clientv3.OpGet(d.stepDownKey(), clientv3.WithCountOnly()),
 	).Commit()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -151,6 +156,7 @@ func (d *Daemon) readOnce(ctx context.Context) {
 			v.optime = st.Optime
 		}
 	}
+	v.stepDown = r[4].GetResponseRange().Count > 0
 	if t, err := d.findTakeover(tctx, leaderKV); err != nil {
 		d.lg.Warn("cannot check leader key history for a takeover", zap.Error(err))
 		if !errors.Is(err, rpctypes.ErrCompacted) {

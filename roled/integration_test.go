@@ -410,3 +410,28 @@ func TestGracefulStop(t *testing.T) {
 		t.Fatal("heartbeat key left behind (lease not revoked)")
 	}
 }
+
+// A step-down request (the key hapairctl switchover writes before asking
+// Patroni to switch over) makes an ACTIVE node PASSIVE at once, although its
+// Patroni is still primary, and keeps it so until the request is gone.
+func TestStepDownRequest(t *testing.T) {
+	c := etcdtest.New(t)
+	a := startNode(t, c, "A", nil)
+	a.pat.promote()
+	a.waitCode(t, 200, 10*time.Second)
+	cli := c.Client(t)
+	key := StepDownKey(a.cfg.prefix(), "A")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, key, "test"); err != nil {
+		t.Fatal(err)
+	}
+	a.waitCode(t, 503, 2*time.Second)
+	if r := a.status(t).Reason; r != string(ReasonStepDown) {
+		t.Fatalf("reason %q, want %q", r, ReasonStepDown)
+	}
+	if _, err := cli.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	a.waitCode(t, 200, 10*time.Second)
+}

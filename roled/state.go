@@ -69,6 +69,7 @@ func (d *Daemon) observe() Observation {
 		EtcdAt: ev.at, Leader: ev.leader, Active: ev.active, ActiveNode: ev.activeNode,
 		TakeoverFor:       ev.takeoverBlocks(d.cfg.member()),
 		TakeoverUnchecked: ev.unchecked != "" && ev.unchecked == d.cfg.member(),
+		StepDown:          ev.stepDown,
 		Patroni:           lv.patroni, Postgres: lv.postgres,
 		Member: d.cfg.member(), Node: d.cfg.Node, Epoch: d.ls.epoch,
 		HookBackoffUntil: d.ls.retryAt,

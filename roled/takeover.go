@@ -41,6 +41,13 @@ func (a TakeoverAlarm) sameEvent(b TakeoverAlarm) bool {
 // AlarmPrefix is where takeover alarms live under a cluster prefix.
 func AlarmPrefix(prefix string) string { return prefix + "alarm/takeover/" }
 
+// StepDownKey is the key that asks node to stay PASSIVE (on the asker's
+// lease, so a crashed asker cannot pin the node down): hapairctl switchover
+// writes it before the Patroni switchover, so that the old node stops taking
+// user requests before its PostgreSQL starts refusing them, and the balancer
+// holds them for the new node instead.
+func StepDownKey(prefix, node string) string { return prefix + "stepdown/" + node }
+
 // ErrNoAlarm is returned by AckTakeover when there is nothing to acknowledge.
 var ErrNoAlarm = errors.New("roled: no takeover alarm")
 

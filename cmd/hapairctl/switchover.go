@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"strconv"
 
 	"github.com/hapair/hapair/ctl"
 )
@@ -16,9 +17,18 @@ func init() {
 func runSwitchover(ctx context.Context, e *env, args []string) int {
 	fs := flag.NewFlagSet("switchover", flag.ContinueOnError)
 	to := fs.String("to", "", "node that becomes primary and ACTIVE (required)")
+	stepDown := fs.String("step-down", "", "true|false: ask the old ACTIVE's roled to step down first (default: step-down in ctl.yaml, true)")
 	cfg, code, ok := loadCtl(fs, e, args)
 	if !ok {
 		return code
+	}
+	if *stepDown != "" {
+		v, err := strconv.ParseBool(*stepDown)
+		if err != nil {
+			e.errorf("switchover", "--step-down %q: want true or false", *stepDown)
+			return 2
+		}
+		cfg.StepDown = v
 	}
 	if *to == "" {
 		e.errorf("switchover", "--to NODE is required")
