@@ -54,19 +54,7 @@ var h1WriterPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 3
 
 // serve accepts client connections until ln is closed.
 func (s *h1Server) serve(ln net.Listener) error {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			return err
-		}
+	return acceptLoop(ln, func(c net.Conn) {
 		hc := &h1Conn{c: c}
 		s.mu.Lock()
 		if s.conns == nil {
@@ -76,6 +64,27 @@ func (s *h1Server) serve(ln net.Listener) error {
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go s.handle(hc)
+	})
+}
+
+// acceptLoop hands every accepted connection to accepted until ln is closed
+// (then it returns nil). A temporary accept error (out of file descriptors)
+// backs off briefly instead of spinning.
+func acceptLoop(ln net.Listener, accepted func(net.Conn)) error {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(10 * time.Millisecond) // resource exhaustion: back off
+				continue
+			}
+			return err
+		}
+		accepted(c)
 	}
 }
 
@@ -388,15 +397,7 @@ func (s *h1Server) writeResponseHead(hc *h1Conn, req, resp *head) bool {
 	bw.WriteByte(' ')
 	bw.Write(resp.reason)
 	bw.WriteString("\r\n")
-	for _, h := range resp.hdrs {
-		if resp.dropOnForward(h.name, false) {
-			continue
-		}
-		bw.Write(h.name)
-		bw.WriteString(": ")
-		bw.Write(h.value)
-		bw.WriteString("\r\n")
-	}
+	resp.writeHeaders(bw, false)
 	switch {
 	case resp.length >= 0 && (body || string(req.method) == "HEAD"):
 		bw.WriteString("Content-Length: ")
@@ -443,15 +444,7 @@ func writeRequestHead(bw *bufio.Writer, req *head, ip string, upgrade bool) {
 	bw.WriteString(" HTTP/1.1\r\nHost: ")
 	bw.Write(req.host)
 	bw.WriteString("\r\n")
-	for _, h := range req.hdrs {
-		if req.dropOnForward(h.name, true) {
-			continue
-		}
-		bw.Write(h.name)
-		bw.WriteString(": ")
-		bw.Write(h.value)
-		bw.WriteString("\r\n")
-	}
+	req.writeHeaders(bw, true)
 	bw.WriteString("X-Forwarded-For: ")
 	for _, v := range req.xff {
 		bw.Write(v)
@@ -582,4 +575,18 @@ func copyN(dst *bufio.Writer, src *bufio.Reader, n int64) error {
 		}
 	}
 	return nil
+}
+
+// writeHeaders copies the message's headers to bw, less the hop-by-hop ones
+// and those the proxy sets itself (dropOnForward).
+func (h *head) writeHeaders(bw *bufio.Writer, request bool) {
+	for _, f := range h.hdrs {
+		if h.dropOnForward(f.name, request) {
+			continue
+		}
+		bw.Write(f.name)
+		bw.WriteString(": ")
+		bw.Write(f.value)
+		bw.WriteString("\r\n")
+	}
 }

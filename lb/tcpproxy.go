@@ -2,11 +2,9 @@ package lb
 
 import (
 	"context"
-	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"go.uber.org/zap"
 )
@@ -38,25 +36,13 @@ type tcpProxy struct {
 // serve accepts until the listener is closed. Sessions keep running; the
 // caller drains them with wait/closeAll.
 func (p *tcpProxy) serve(ln net.Listener) error {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond) // resource exhaustion: back off
-				continue
-			}
-			return err
-		}
+	return acceptLoop(ln, func(c net.Conn) {
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
 			p.handle(c)
 		}()
-	}
+	})
 }
 
 // handle picks a server and splices the connection. pg-primary never
