@@ -57,9 +57,12 @@ func TestPermissionDenied(t *testing.T) {
 	if fileExists(target) {
 		t.Fatal("file visible in a locked directory")
 	}
-	if st := a.s.Status(); st.QueueDepth == 0 || st.LagSeconds <= 0 {
-		t.Fatalf("a failed change must stay queued with a lag: %+v", st)
-	}
+	// The status view is published periodically: wait for it rather than
+	// read it once.
+	eventually(t, 5*time.Second, "the failed change queued with a lag", func() bool {
+		st := a.s.Status()
+		return st.QueueDepth > 0 && st.LagSeconds > 0
+	})
 	unlock()
 	eventually(t, 10*time.Second, "the file after the unlock", neverPartial(t, target, size))
 	noTempFiles(t, b.root)
