@@ -50,6 +50,7 @@ func (c *Client) Leader(ctx context.Context) (string, error) {
 // moment the request was sent.
 type SwitchoverResult struct {
 	From, To      string
+	OldPassive    time.Duration // From's roled no longer says active
 	PatroniDone   time.Duration // Patroni's REST call returned
 	PatroniLeader time.Duration // /cluster names To as leader
 	RoledActive   time.Duration // To's roled says active
@@ -75,12 +76,17 @@ func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (Switch
 	fromNode, _ := c.Cfg.Node(from)
 	st := &Steps{W: w, Start: time.Now()}
 	if c.Cfg.StepDown {
-		release, err := c.stepDown(ctx, st, fromNode)
+		release, err := c.stepDown(ctx, fromNode)
 		if err != nil {
 			return res, err
 		}
 		defer release()
+		st.Printf("asked roled on %s to step down", from)
 	}
+	// Patroni is asked at once, not after roled has stepped down: it spends
+	// 0.3 s or more (member checks, a CHECKPOINT) before it shuts the old
+	// PostgreSQL down, and roled steps down in tens of ms. Every ms spent
+	// here is a ms more that the balancer holds requests.
 	st.Printf("switchover %s -> %s: POST %s/switchover", from, to, fromNode.PatroniURL)
 	done := make(chan error, 1)
 	go func() { done <- c.postSwitchover(ctx, fromNode, target) }()
@@ -91,14 +97,14 @@ func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (Switch
 // died half-way: the key is on a lease of this TTL.
 const stepDownTTL = 30 * time.Second
 
-// stepDown asks the old primary's roled to go PASSIVE before Patroni is asked
+// stepDown asks the old primary's roled to go PASSIVE as Patroni is asked
 // to switch over. Its PostgreSQL refuses writes about 1 s before its /primary
 // turns 503 (LAB.md §4): without this, requests reaching its application in
 // that window fail. With it, the balancer holds new requests (hold-timeout)
 // from the step-down until the new node is ACTIVE. The request is a key on a
 // lease; release revokes the lease, which ends the request whatever the
 // outcome (a refused switchover leaves the old node free to be ACTIVE again).
-func (c *Client) stepDown(ctx context.Context, st *Steps, from Node) (release func(), err error) {
+func (c *Client) stepDown(ctx context.Context, from Node) (release func(), err error) {
 	cli, err := c.Etcd()
 	if err != nil {
 		return nil, err
@@ -113,29 +119,12 @@ func (c *Client) stepDown(ctx context.Context, st *Steps, from Node) (release fu
 		cli.Close()
 		return nil, fmt.Errorf("step-down request for %s: %w", from.Name, err)
 	}
-	release = func() {
+	return func() {
 		rctx, rcancel := context.WithTimeout(context.Background(), c.Cfg.Timeout)
 		defer rcancel()
 		_, _ = cli.Revoke(rctx, lease.ID)
 		cli.Close()
-	}
-	st.Printf("asked roled on %s to step down", from.Name)
-	if from.RoledURL == "" {
-		return release, nil
-	}
-	// Wait (briefly) until it has; Patroni's switchover goes ahead anyway,
-	// roled's own checks still end ACTIVE when PostgreSQL refuses.
-	deadline := time.Now().Add(2 * time.Second)
-	for c.Roled(ctx, from).Role == "active" && time.Now().Before(deadline) {
-		select {
-		case <-ctx.Done():
-			release()
-			return nil, ctx.Err()
-		case <-time.After(10 * time.Millisecond): // polling roled's /role with a deadline
-		}
-	}
-	st.Printf("roled on %s: %s", from.Name, c.Roled(ctx, from).Role)
-	return release, nil
+	}, nil
 }
 
 func (c *Client) postSwitchover(ctx context.Context, from, to Node) error {
@@ -186,6 +175,12 @@ func (c *Client) follow(ctx context.Context, st *Steps, from, to Node, done chan
 			if l, err := c.Leader(ctx); err == nil && l == to.Name {
 				res.PatroniLeader = time.Since(st.Start)
 				st.Printf("Patroni leader is %s", to.Name)
+			}
+		}
+		if res.OldPassive == 0 && from.RoledURL != "" {
+			if r := c.Roled(ctx, from); r.Role == "passive" {
+				res.OldPassive = time.Since(st.Start)
+				st.Printf("roled on %s %s", from.Name, strings.ToUpper(r.Role))
 			}
 		}
 		if res.RoledActive == 0 && to.RoledURL != "" {

@@ -147,7 +147,13 @@ func buildForTest(ctx context.Context, t *testing.T) Options {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(state) })
+	t.Cleanup(func() {
+		if os.Getenv("HAPAIR_LAB_KEEP") != "" { // post-mortem: logs stay in <state>/logs
+			t.Logf("lab state kept in %s", state)
+			return
+		}
+		_ = os.RemoveAll(state)
+	})
 	if err := os.Chmod(state, 0o755); err != nil {
 		t.Fatal(err)
 	}

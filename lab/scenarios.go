@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/hapair/hapair/ctl"
@@ -120,6 +122,11 @@ func switchoverOnce(ctx context.Context, l *Lab, r *Result, label, to string) {
 	}
 	rep := ctl.Analyze(pr.probe.Samples(), t0)
 	r.note("%s: %s", name, rep)
+	if os.Getenv("HAPAIR_LAB_SAMPLES") != "" { // post-mortem: every write, with the steps above
+		var b strings.Builder
+		ctl.WriteSamples(&b, pr.probe.Samples(), t0)
+		r.note("%s: samples\n%s", name, b.String())
+	}
 	r.fig(name+": failed writes", float64(rep.Failed), "")
 	r.secs(name+": visible downtime", rep.Downtime)
 	r.secs(name+": max wait", rep.MaxWait)
