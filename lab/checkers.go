@@ -3,9 +3,11 @@ package lab
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -298,25 +300,37 @@ func (l *Lab) FileNode(host string, id int64) string {
 
 // Audit is what survived of the acknowledged writes.
 type Audit struct {
-	Acked       int     // writes answered 200 through the lb
-	LostRows    []int64 // acknowledged, missing from the primary's table
-	LostFiles   []int64 // acknowledged, missing from the ACTIVE's synced dir
-	Overwritten []int64 // file present but written by another node than the one that acknowledged it
-	Quarantined int     // files in .hapair-quarantine on either node
+	Acked    int     // writes answered 200 through the lb
+	LostRows []int64 // acknowledged, missing from the primary's table
+	// InQuarantine: acknowledged, missing from the ACTIVE's synced dir, kept
+	// in a node's .hapair-quarantine (written by a node that lost its role
+	// before delivering them: put aside, not lost).
+	InQuarantine []int64
+	LostFiles    []int64 // acknowledged, in neither: silently lost
+	Overwritten  []int64 // file present but written by another node than the one that acknowledged it
+	Quarantined  int     // files in .hapair-quarantine on either node, whatever wrote them
 }
 
 func (a Audit) String() string {
-	return fmt.Sprintf("%d acknowledged writes: %d rows lost, %d files lost, %d files overwritten by a stale node, %d quarantined",
-		a.Acked, len(a.LostRows), len(a.LostFiles), len(a.Overwritten), a.Quarantined)
+	return fmt.Sprintf("%d acknowledged writes: %d rows lost, %d files only in quarantine, %d files silently lost, "+
+		"%d files overwritten by a stale node; %d files in quarantine in all",
+		a.Acked, len(a.LostRows), len(a.InQuarantine), len(a.LostFiles), len(a.Overwritten), a.Quarantined)
 }
 
 // AuditWrites checks the acknowledged samples against primary's database and
-// synced directory.
+// synced directory, and looks for the missing files in the quarantines.
 func (l *Lab) AuditWrites(ctx context.Context, primary string, samples []ctl.Sample) (Audit, error) {
 	var a Audit
 	rows, err := l.Rows(ctx, primary)
 	if err != nil {
 		return a, err
+	}
+	quarantined := map[string]bool{}
+	for _, h := range DataNodes {
+		for _, f := range listFiles(l.path(h, "files", ".hapair-quarantine")) {
+			quarantined[filepath.Base(f)] = true
+			a.Quarantined++
+		}
 	}
 	for _, s := range samples {
 		if !s.OK {
@@ -327,32 +341,27 @@ func (l *Lab) AuditWrites(ctx context.Context, primary string, samples []ctl.Sam
 			a.LostRows = append(a.LostRows, s.ID)
 		}
 		switch fn := l.FileNode(primary, s.ID); {
+		case fn == "" && quarantined[fmt.Sprintf("%d.txt", s.ID)]:
+			a.InQuarantine = append(a.InQuarantine, s.ID)
 		case fn == "":
 			a.LostFiles = append(a.LostFiles, s.ID)
 		case fn != s.Node:
 			a.Overwritten = append(a.Overwritten, s.ID)
 		}
 	}
-	for _, h := range DataNodes {
-		a.Quarantined += countFiles(l.path(h, "files", ".hapair-quarantine"))
-	}
 	return a, nil
 }
 
-func countFiles(dir string) int {
-	n := 0
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return 0
-	}
-	for _, e := range ents {
-		if e.IsDir() {
-			n += countFiles(dir + "/" + e.Name())
-		} else {
-			n++
+// listFiles returns the regular files under dir (none if it is missing).
+func listFiles(dir string) []string {
+	var out []string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			out = append(out, p)
 		}
-	}
-	return n
+		return nil
+	})
+	return out
 }
 
 // LBWatcher polls the balancer's admin JSON and records when each server of

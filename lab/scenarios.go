@@ -338,14 +338,25 @@ func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
 	if err := l.WaitSettled(ctx, NodeB, 90*time.Second); err != nil {
 		r.fail("after heal: %v", err)
 	}
-	a, err := l.AuditWrites(ctx, NodeB, pr.probe.Samples())
+	// The files the isolated node wrote reach its quarantine when nodeb's
+	// sender next reconciles with it (it retries with backoff after the heal).
+	var a Audit
+	var err error
+	t1 := time.Now()
+	poll(ctx, 30*time.Second, 250*time.Millisecond, func() bool {
+		a, err = l.AuditWrites(ctx, NodeB, pr.probe.Samples())
+		return err == nil && len(a.LostFiles) == 0
+	})
 	if err != nil {
 		r.fail("audit: %v", err)
 		return
 	}
-	r.note("after heal: %s", a)
+	r.note("after heal (+%.1fs): %s", time.Since(t1).Seconds(), a)
 	if len(a.Overwritten) > 0 {
 		r.fail("%d files overwritten by the stale node", len(a.Overwritten))
+	}
+	if len(a.LostFiles) > 0 {
+		r.fail("%d acknowledged files neither on %s nor in a quarantine: %v", len(a.LostFiles), NodeB, a.LostFiles)
 	}
 }
 
@@ -590,8 +601,8 @@ func Soak(ctx context.Context, opt Options, d time.Duration, w io.Writer) error 
 	fmt.Fprintf(w, "takeover alarms acknowledged (hapairctl ack): %d\n", acks)
 	fmt.Fprintf(w, "probe: %s\n", rep)
 	fmt.Fprintf(w, "audit on %s: %s (err %v)\n", leader, a, aerr)
-	if dual > 0 || len(a.Overwritten) > 0 {
-		return fmt.Errorf("soak found dual ACTIVE or overwritten files")
+	if dual > 0 || len(a.Overwritten) > 0 || len(a.LostFiles) > 0 {
+		return fmt.Errorf("soak found dual ACTIVE, overwritten or silently lost files")
 	}
 	return nil
 }
