@@ -43,12 +43,16 @@ type Group struct {
 
 	mu      sync.Mutex // serialises recompute and guards the fields below
 	changed chan struct{}
+	queue   []*holder // held new requests, oldest first (see hold)
 	key     activeKey
 	dual    bool
 
 	// onChange, when set (tests), is called under mu for every server whose
 	// eligibility changed, right after the new set is published.
 	onChange func(server string, eligible bool)
+	// onDequeue, when set (tests), is called under mu as a held request
+	// leaves the queue.
+	onDequeue func(h *holder)
 }
 
 func newGroup(cfg BackendConfig, lg *zap.Logger, m *Metrics) *Group {
@@ -241,23 +245,81 @@ func (g *Group) acquire(ctx context.Context, exclude []*Server) (*Server, error)
 	start := time.Now()
 	t := time.NewTimer(hold)
 	defer t.Stop()
+	s, err := g.hold(ctx, exclude, t.C)
+	g.m.holdWait.WithLabelValues(g.cfg.Name).Observe(time.Since(start).Seconds())
+	if errors.Is(err, ErrHoldTimed) {
+		g.m.holdTimeouts.WithLabelValues(g.cfg.Name).Inc()
+	}
+	return s, err
+}
+
+// holder is one held request's place in the queue; turn is closed when it
+// reaches the front.
+type holder struct{ turn chan struct{} }
+
+// hold waits for a server. New requests (nothing to exclude) queue: only
+// the oldest waits for a server and the next is let go when it has one, so
+// when a node becomes ACTIVE the requests reach it in the order they came
+// and the one that waited longest is not served last behind a burst. A
+// retry (exclude set) waits outside the queue: it must not block the queue
+// on a server only it refuses.
+func (g *Group) hold(ctx context.Context, exclude []*Server, timeout <-chan time.Time) (*Server, error) {
+	if len(exclude) == 0 {
+		h := g.enqueue()
+		defer g.dequeue(h)
+		select {
+		case <-h.turn:
+		case <-timeout:
+			return nil, ErrHoldTimed
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	for {
 		g.mu.Lock()
 		ch := g.changed
 		g.mu.Unlock()
 		if s := g.pick(exclude); s != nil {
-			g.m.holdWait.WithLabelValues(g.cfg.Name).Observe(time.Since(start).Seconds())
 			return s, nil
 		}
 		select {
 		case <-ch:
-		case <-t.C:
-			g.m.holdWait.WithLabelValues(g.cfg.Name).Observe(time.Since(start).Seconds())
-			g.m.holdTimeouts.WithLabelValues(g.cfg.Name).Inc()
+		case <-timeout:
 			return nil, ErrHoldTimed
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+	}
+}
+
+func (g *Group) enqueue() *holder {
+	h := &holder{turn: make(chan struct{})}
+	g.mu.Lock()
+	g.queue = append(g.queue, h)
+	if len(g.queue) == 1 {
+		close(h.turn)
+	}
+	g.mu.Unlock()
+	return h
+}
+
+// dequeue removes h (served, timed out or gone) and lets the next one go
+// when h was at the front.
+func (g *Group) dequeue(h *holder) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, q := range g.queue {
+		if q != h {
+			continue
+		}
+		g.queue = append(g.queue[:i], g.queue[i+1:]...)
+		if g.onDequeue != nil {
+			g.onDequeue(h)
+		}
+		if i == 0 && len(g.queue) > 0 {
+			close(g.queue[0].turn)
+		}
+		return
 	}
 }
 
