@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -41,6 +42,9 @@ func (sd *sender) execute(ctx context.Context, j job) result {
 	r := result{j: j, ent: j.ent}
 	v := url.Values{"path": {j.k.rel}}
 	switch j.kind {
+	case jobBatch:
+		r.batch = sd.s.sendBatch(ctx, rt, j.batch)
+		return r
 	case jobPut:
 		r.ent, r.err = sd.s.sendFile(ctx, rt, j.k.rel)
 		return r
@@ -118,6 +122,102 @@ func (b *commitBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// errSourceChanged: a file changed while it was read; its change event
+// brings it back.
+var errSourceChanged = errors.New("syncdir: file changed while it was read")
+
+// errTooBig: a file grew past the batch limit since it was planned.
+var errTooBig = errors.New("syncdir: file too big for a batch")
+
+// sendBatch sends small files in one request and returns one result per
+// job. Each file is read whole and checked unchanged before it goes in, so
+// the batch needs no commit trailer; a file that grew goes on its own.
+func (s *Syncer) sendBatch(ctx context.Context, rt *rootState, jobs []job) []result {
+	res := make([]result, len(jobs))
+	body := make([]byte, 0, batchMaxBytes/4)
+	var in []int // indexes of res carried by the batch
+	var big []int
+	for i, j := range jobs {
+		res[i].j = j
+		mark := len(body)
+		var err error
+		body, res[i].ent, err = appendSmallFile(body, rt, j.k.rel)
+		switch {
+		case errors.Is(err, errTooBig):
+			big = append(big, i)
+		case err != nil:
+			res[i].err = err
+		default:
+			in = append(in, i)
+			continue
+		}
+		body = body[:mark]
+	}
+	if len(in) > 0 {
+		s.callBatch(ctx, rt, body, in, res)
+	}
+	for _, i := range big {
+		res[i].ent, res[i].err = s.sendFile(ctx, rt, jobs[i].k.rel)
+	}
+	return res
+}
+
+func (s *Syncer) callBatch(ctx context.Context, rt *rootState, body []byte, in []int, res []result) {
+	var resp batchResp
+	v := url.Values{"n": {strconv.Itoa(len(in))}}
+	err := s.callInto(ctx, rt, opBatch, v, bytes.NewReader(body), int64(len(body)), nil, &resp)
+	if err == nil && len(resp.Results) != len(in) {
+		err = fmt.Errorf("syncdir: batch of %d answered with %d results", len(in), len(resp.Results))
+	}
+	for k, i := range in {
+		switch {
+		case err != nil:
+			res[i].err, res[i].echo = err, k > 0
+		case resp.Results[k].Status != http.StatusOK:
+			br := resp.Results[k]
+			res[i].err = &httpError{status: br.Status, reason: br.Reason, msg: br.Error}
+		}
+	}
+}
+
+// appendSmallFile appends rel's batch header and content to b.
+func appendSmallFile(b []byte, rt *rootState, rel string) ([]byte, entry, error) {
+	f, err := rt.root.Open(rel)
+	if err != nil {
+		return b, entry{}, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return b, entry{}, err
+	}
+	if !fi.Mode().IsRegular() {
+		return b, entry{}, fmt.Errorf("syncdir: %s is no longer a regular file: %w", rel, os.ErrNotExist)
+	}
+	e := entryOf(fi)
+	if e.Size > batchFileMax {
+		return b, e, errTooBig
+	}
+	b = appendBatchHeader(b, rel, e)
+	n := len(b)
+	b = append(b, make([]byte, e.Size+1)...)
+	got, err := io.ReadFull(f, b[n:]) // one byte more than the size: growth shows
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		err = nil
+	}
+	if err != nil {
+		return b, e, err
+	}
+	if int64(got) != e.Size {
+		return b, e, errSourceChanged
+	}
+	b = b[:n+got]
+	if fi, err := f.Stat(); err != nil || !entryOf(fi).sameContent(e) {
+		return b, e, errSourceChanged
+	}
+	return b, e, nil
+}
+
 func (s *Syncer) sendManifest(ctx context.Context, rt *rootState, m manifestReq) (manifestResp, error) {
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -140,7 +240,7 @@ func (s *Syncer) callInto(ctx context.Context, rt *rootState, op opKind, v url.V
 		return errNotActive
 	}
 	method := http.MethodPost
-	if op == opPut {
+	if op == opPut || op == opBatch {
 		method = http.MethodPut
 	}
 	u := rt.peerURL + "/v1/" + string(op) + "/" + rt.name

@@ -38,6 +38,12 @@ type Config struct {
 	ReconcileInterval time.Duration `yaml:"reconcile-interval"`
 	// Concurrency is the number of requests in flight at once.
 	Concurrency int `yaml:"concurrency"`
+	// SyncfsMinFiles: the receiver makes a batch of at least this many small
+	// files durable with one syncfs(2) of the root's filesystem (one journal
+	// commit) instead of one fsync per file. syncfs also flushes whatever
+	// else is dirty on that filesystem: set 0 (fsyncs only) where the root
+	// shares a filesystem with a busy database.
+	SyncfsMinFiles int `yaml:"syncfs-min-files"`
 	// RetryMin and RetryMax bound the backoff after a failed request.
 	RetryMin time.Duration `yaml:"retry-min"`
 	RetryMax time.Duration `yaml:"retry-max"`
@@ -69,6 +75,7 @@ func DefaultConfig() Config {
 		Debounce:          2 * time.Millisecond,
 		ReconcileInterval: 10 * time.Minute,
 		Concurrency:       32,
+		SyncfsMinFiles:    16,
 		RetryMin:          200 * time.Millisecond,
 		RetryMax:          10 * time.Second,
 	}
@@ -142,6 +149,9 @@ func (c *Config) validateTimings() error {
 	}
 	if c.Concurrency < 1 || c.Concurrency > 200 {
 		return config.Errorf(field("concurrency"), c.Concurrency, "must be between 1 and 200")
+	}
+	if c.SyncfsMinFiles < 0 {
+		return config.Errorf(field("syncfs-min-files"), c.SyncfsMinFiles, "must be 0 (never) or more")
 	}
 	if c.RetryMin <= 0 {
 		return config.Errorf(field("retry-min"), c.RetryMin, "must be positive")

@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"os"
@@ -252,6 +253,8 @@ func TestConfigRequiresAuth(t *testing.T) {
 // must never panic, and whatever it accepts must be confined to the root.
 func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte("PUT /v1/put/data?path=a/b&mode=644&mtime=1 HTTP/1.1\r\nHost: x\r\nX-Hapair-Epoch: 1\r\nX-Hapair-Node: a\r\nContent-Length: 0\r\n\r\n"))
+	f.Add([]byte("PUT /v1/batch/data?n=2 HTTP/1.1\r\nHost: x\r\nX-Hapair-Epoch: 1\r\nX-Hapair-Node: a\r\nContent-Length: 72\r\n\r\n" +
+		"path=a&mode=644&mtime=1&size=2\nhipath=..%2fb&mode=644&mtime=1&size=3\nbad"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(data)))
 		if err != nil {
@@ -264,21 +267,56 @@ func FuzzDecodeRequest(f *testing.F) {
 		if q.epoch <= 0 || q.node == "" {
 			t.Fatalf("accepted without fence data: %+v", q)
 		}
-		if q.op == opManifest {
+		switch q.op {
+		case opManifest:
+			return
+		case opBatch:
+			fuzzBatchBody(t, req, q)
 			return
 		}
-		for _, p := range []string{q.path, q.to} {
-			if p == "" && q.op == opRename {
-				t.Fatalf("rename without target: %+v", q)
-			}
-			if p == "" {
-				continue
-			}
-			if !filepath.IsLocal(p) || strings.Contains(p, "\x00") || filepath.Clean(p) != p || reserved(p) {
-				t.Fatalf("accepted unsafe path %q", p)
-			}
-		}
+		checkFuzzedPaths(t, q)
 	})
+}
+
+// fuzzBatchBody decodes the files of a batch body as the receiver does:
+// whatever it accepts must be as safe as a single put.
+func fuzzBatchBody(t *testing.T, req *http.Request, q request) {
+	if q.count < 1 || q.count > batchMaxFiles {
+		t.Fatalf("accepted batch of %d files", q.count)
+	}
+	br := bufio.NewReaderSize(io.LimitReader(req.Body, batchMaxBody), batchMaxHeader)
+	for range q.count {
+		fq, ferr, err := readBatchHeader(br, q)
+		if err != nil {
+			return
+		}
+		if fq.size < 0 || fq.size > batchMaxBody {
+			t.Fatalf("accepted size %d", fq.size)
+		}
+		if ferr == nil {
+			if fq.op != opPut || fq.epoch != q.epoch || fq.to != "" || fq.path == "" {
+				t.Fatalf("batch file decoded to %+v", fq)
+			}
+			checkFuzzedPaths(t, fq)
+		}
+		if n, _ := io.CopyN(io.Discard, br, fq.size); n != fq.size {
+			return
+		}
+	}
+}
+
+func checkFuzzedPaths(t *testing.T, q request) {
+	for _, p := range []string{q.path, q.to} {
+		if p == "" && q.op == opRename {
+			t.Fatalf("rename without target: %+v", q)
+		}
+		if p == "" {
+			continue
+		}
+		if !filepath.IsLocal(p) || strings.Contains(p, "\x00") || filepath.Clean(p) != p || reserved(p) {
+			t.Fatalf("accepted unsafe path %q", p)
+		}
+	}
 }
 
 // The shipped example is a valid `sync:` section (strict keys).

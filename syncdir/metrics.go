@@ -19,6 +19,7 @@ type Metrics struct {
 	filesReceived prometheus.Counter
 	bytesReceived prometheus.Counter
 	quarantined   prometheus.Counter
+	inQuarantine  *prometheus.GaugeVec
 	reconciles    prometheus.Counter
 	errors        *prometheus.CounterVec
 	rejected      *prometheus.CounterVec
@@ -43,6 +44,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bytesReceived: c("received_bytes_total", "File content bytes written by the receiver."),
 		quarantined:   c("quarantined_files_total", "Local files moved to the quarantine before being overwritten or deleted."),
 		reconciles:    c("reconciles_total", "Full compares with the peer completed."),
+		inQuarantine: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "hapair_sync_quarantine_files", Help: "Files present in the quarantine folder, by root (recounted every few seconds).",
+		}, []string{"root"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hapair_sync_errors_total", Help: "Sender and receiver errors by kind.",
 		}, []string{"kind"}),
@@ -52,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.queueDepth, m.lag, m.highestEpoch, m.sending, m.filesSent, m.bytesSent,
-			m.filesReceived, m.bytesReceived, m.quarantined, m.reconciles, m.errors, m.rejected)
+			m.filesReceived, m.bytesReceived, m.quarantined, m.inQuarantine, m.reconciles, m.errors, m.rejected)
 	}
 	return m
 }

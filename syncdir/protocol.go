@@ -14,6 +14,7 @@ import (
 // URL path, its arguments in the query, the fencing data in headers.
 //
 //	PUT  /v1/put/<root>?path=P&mode=0644&mtime=NS    body = content (Content-Length required)
+//	PUT  /v1/batch/<root>?n=N                   body = N small files, see batch.go
 //	POST /v1/mkdir/<root>?path=P&mode=0755
 //	POST /v1/delete/<root>?path=P
 //	POST /v1/rename/<root>?path=P&to=Q
@@ -52,6 +53,7 @@ const (
 	opRename   opKind = "rename"
 	opSymlink  opKind = "symlink"
 	opManifest opKind = "manifest"
+	opBatch    opKind = "batch"
 )
 
 // request is a decoded, validated wire request.
@@ -64,6 +66,7 @@ type request struct {
 	mode   uint32
 	mtime  int64
 	size   int64
+	count  int // files in a batch
 	epoch  int64
 	node   string
 	owner  bool // uid and gid were sent
@@ -99,7 +102,7 @@ func decodeRequest(r *http.Request) (request, error) {
 	q.op, q.root = opKind(op), root
 	want := http.MethodPost
 	switch q.op {
-	case opPut:
+	case opPut, opBatch:
 		want = http.MethodPut
 	case opMkdir, opDelete, opRename, opSymlink, opManifest:
 	default:
@@ -120,7 +123,16 @@ func decodeRequest(r *http.Request) (request, error) {
 			return q, refuse("bad-request", http.StatusBadRequest, "parameter %q given %d times", k, len(vs))
 		}
 	}
-	return q, decodeArgs(r, v, &q)
+	if q.op == opBatch {
+		return q, decodeBatchArgs(v, &q)
+	}
+	if q.op == opPut {
+		if r.ContentLength < 0 {
+			return q, refuse("bad-request", http.StatusLengthRequired, "put needs Content-Length")
+		}
+		q.size = r.ContentLength
+	}
+	return q, decodeArgs(v, &q)
 }
 
 func decodeFence(r *http.Request, q *request) error {
@@ -141,7 +153,9 @@ func decodeFence(r *http.Request, q *request) error {
 	return nil
 }
 
-func decodeArgs(r *http.Request, v url.Values, q *request) error {
+// decodeArgs reads the arguments of one operation from v: the query of a
+// request, or the header of one file in a batch.
+func decodeArgs(v url.Values, q *request) error {
 	if q.op == opManifest {
 		if len(v) != 0 {
 			return refuse("bad-request", http.StatusBadRequest, "manifest takes no parameters")
@@ -168,10 +182,6 @@ func decodeArgs(r *http.Request, v url.Values, q *request) error {
 		if q.mtime, err = strconv.ParseInt(v.Get("mtime"), 10, 64); err != nil {
 			return refuse("bad-request", http.StatusBadRequest, "bad mtime %q", v.Get("mtime"))
 		}
-		if r.ContentLength < 0 {
-			return refuse("bad-request", http.StatusLengthRequired, "put needs Content-Length")
-		}
-		q.size = r.ContentLength
 	case opMkdir:
 		allowed["mode"] = true
 		if q.mode, err = parseMode(v.Get("mode")); err != nil {

@@ -39,7 +39,7 @@ func (s *Syncer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, q, err)
 		return
 	}
-	if q.op != opManifest {
+	if q.op != opManifest && q.op != opBatch {
 		w.WriteHeader(http.StatusOK)
 	}
 }
@@ -77,7 +77,7 @@ func (s *Syncer) admit(r *http.Request) (request, *rootState, error) {
 }
 
 func (s *Syncer) apply(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
-	if q.op != opManifest && (rt.ex.matchAny(q.path, q.op == opMkdir) || (q.to != "" && rt.ex.matchAny(q.to, false))) {
+	if q.op != opManifest && q.op != opBatch && (rt.ex.matchAny(q.path, q.op == opMkdir) || (q.to != "" && rt.ex.matchAny(q.to, false))) {
 		return refuse("excluded", http.StatusBadRequest, "path %q is excluded here", q.path)
 	}
 	switch q.op {
@@ -93,6 +93,8 @@ func (s *Syncer) apply(w http.ResponseWriter, r *http.Request, rt *rootState, q 
 		return s.recvSymlink(rt, q)
 	case opManifest:
 		return s.recvManifest(w, r, rt, q)
+	case opBatch:
+		return s.recvBatch(w, r, rt, q)
 	}
 	return refuse("bad-request", http.StatusNotFound, "unknown operation")
 }
@@ -203,7 +205,9 @@ func (s *Syncer) install(rt *rootState, q request, tmp string, prepErr error, si
 func writeBody(f *os.File, body io.Reader, trailer http.Header, q request) error {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
-	n, err := io.CopyBuffer(&writeBehind{f: f}, io.LimitReader(body, q.size), *bp)
+	wb := &writeBehind{f: f}
+	defer wb.wait()
+	n, err := io.CopyBuffer(wb, io.LimitReader(body, q.size), *bp)
 	if err != nil {
 		return fmt.Errorf("write: %w", err)
 	}
@@ -223,43 +227,117 @@ func writeBody(f *os.File, body io.Reader, trailer http.Header, q request) error
 	if err := f.Chmod(fileMode(q.mode)); err != nil {
 		return err
 	}
+	if err := wb.wait(); err != nil {
+		return fmt.Errorf("fdatasync: %w", err)
+	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("fsync: %w", err)
 	}
 	return nil
 }
 
-// writeBehind starts the write-back of a big file while it is still being
-// received, so the final fsync does not wait for the whole file at once.
+// writeBehind writes a big file back to disk while it is still being
+// received: each chunk is submitted once written, and the chunk before it
+// is waited for, so at most two chunks are ever dirty. On top, an
+// fdatasync runs in the background every syncEvery bytes, so the disk's
+// own cache is flushed as the file grows and the final fsync only has the
+// tail left. The waits cost nothing while the disk keeps up with the
+// network, and hold the receiver back (flow control) when not.
 type writeBehind struct {
 	f       *os.File
 	off     int64
-	flushed int64
+	flushed int64 // submitted up to here
+	waited  int64 // written to the device up to here
+	synced  int64 // covered by the last background fdatasync started
+	bg      chan struct{}
+	bgErr   error // set by the background fdatasync before bg is closed
 }
 
-const writeBehindChunk = 8 << 20
+const (
+	writeBehindChunk = 4 << 20
+	syncEvery        = 32 << 20
+)
 
 func (w *writeBehind) Write(p []byte) (int, error) {
 	n, err := w.f.Write(p)
 	w.off += int64(n)
-	if w.off-w.flushed >= writeBehindChunk {
-		// Advisory: an error only means the final fsync does all the work.
-		unix.SyncFileRange(int(w.f.Fd()), w.flushed, w.off-w.flushed, unix.SYNC_FILE_RANGE_WRITE)
-		w.flushed = w.off
+	if w.off-w.flushed < writeBehindChunk {
+		return n, err
+	}
+	// Advisory: an error only means the final fsync does all the work.
+	fd := int(w.f.Fd())
+	unix.SyncFileRange(fd, w.flushed, w.off-w.flushed, unix.SYNC_FILE_RANGE_WRITE)
+	if w.flushed > w.waited {
+		unix.SyncFileRange(fd, w.waited, w.flushed-w.waited,
+			unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
+		w.waited = w.flushed
+	}
+	w.flushed = w.off
+	if w.waited-w.synced >= syncEvery && w.idle() {
+		w.synced = w.waited
+		ch := make(chan struct{})
+		w.bg = ch
+		go func() {
+			defer close(ch)
+			if err := unix.Fdatasync(fd); err != nil {
+				w.bgErr = err
+			}
+		}()
 	}
 	return n, err
 }
 
-// syncRootDir makes the renames in dir durable. Concurrent callers share
-// one fsync (group commit): a caller waits for an fsync that started after
-// its own rename, and whoever finds none running starts it.
+func (w *writeBehind) idle() bool {
+	if w.bg == nil {
+		return true
+	}
+	select {
+	case <-w.bg:
+		return w.bgErr == nil // after an error, leave it all to the final fsync
+	default:
+		return false
+	}
+}
+
+// wait returns once no background fdatasync runs, with its error: the
+// kernel reports a write-back error once per open file, so an error seen
+// there would be missing from the final fsync.
+func (w *writeBehind) wait() error {
+	if w.bg != nil {
+		<-w.bg
+	}
+	return w.bgErr
+}
+
+// syncRootDir makes the renames in dir durable.
 func syncRootDir(rt *rootState, dir string) error {
+	return groupSync(rt, "dir:"+dir, func() error { return fsyncDir(rt, dir) })
+}
+
+// syncRootFS makes everything written to the root's file system durable
+// with one syncfs(2): for a batch, one journal commit instead of one per
+// file, which also spares every other writer on that file system the
+// stalls of back-to-back commits. The descriptor stays open from Run on,
+// so a write-back error since the previous call is reported (Linux 5.8+).
+func syncRootFS(rt *rootState) error {
+	return groupSync(rt, "fs", func() error {
+		if err := unix.Syncfs(int(rt.fsFD.Fd())); err != nil {
+			return fmt.Errorf("syncfs: %w", err)
+		}
+		return nil
+	})
+}
+
+// groupSync runs fn for key with group commit: a caller waits for a run
+// that started after it called, and whoever finds none running starts it,
+// so concurrent callers share one fsync.
+func groupSync(rt *rootState, key string, fn func() error) error {
 	rt.dmu.Lock()
-	g := rt.dirSyncs[dir]
+	g := rt.dirSyncs[key]
 	if g == nil {
 		g = &dirSync{}
 		g.cond = sync.NewCond(&rt.dmu)
-		rt.dirSyncs[dir] = g
+		rt.dirSyncs[key] = g
 	}
 	target := g.started + 1
 	for g.finished < target {
@@ -271,14 +349,14 @@ func syncRootDir(rt *rootState, dir string) error {
 		g.started++
 		n := g.started
 		rt.dmu.Unlock()
-		err := fsyncDir(rt, dir)
+		err := fn()
 		rt.dmu.Lock()
 		g.running, g.finished, g.err = false, n, err
 		g.cond.Broadcast()
 	}
 	err := g.err
 	if !g.running && g.finished == g.started {
-		delete(rt.dirSyncs, dir) // idle: do not keep one per directory forever
+		delete(rt.dirSyncs, key) // idle: do not keep one per directory forever
 	}
 	rt.dmu.Unlock()
 	return err
@@ -440,6 +518,7 @@ func (s *Syncer) quarantine(rt *rootState, rel string, epoch int64) error {
 	q := QuarantinedFile{Root: rt.name, Path: rel, Moved: path.Join(rt.abs, dst), Epoch: epoch, At: time.Now().UTC()}
 	s.m.quarantined.Inc()
 	s.st.quarantined.Add(1)
+	s.m.inQuarantine.WithLabelValues(rt.name).Set(float64(rt.inQuarantine.Add(1)))
 	s.qmu.Lock()
 	s.quarantined = append(s.quarantined, q)
 	if len(s.quarantined) > maxQuarantineList {

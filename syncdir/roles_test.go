@@ -9,6 +9,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // Must show 2: the direction follows the role.
@@ -190,6 +193,14 @@ func TestStaleNode(t *testing.T) {
 	if fileExists(filepath.Join(rb, quarantineDir)) {
 		t.Fatal("b's tree got a quarantine it should not have")
 	}
+	// The gauge shows the files present, and falls once they are dealt with.
+	if got := gaugeValue(a.s.m.inQuarantine.WithLabelValues("data")); got != 3 || st.QuarantineFiles["data"] != 3 {
+		t.Fatalf("quarantine gauge %v, status %v", got, st.QuarantineFiles)
+	}
+	os.RemoveAll(filepath.Join(ra, quarantineDir, "200", "dir"))
+	eventually(t, 3*recordFlushInterval, "the quarantine gauge to fall", func() bool {
+		return a.s.Status().QuarantineFiles["data"] == 2 && gaugeValue(a.s.m.inQuarantine.WithLabelValues("data")) == 2
+	})
 }
 
 func fileExists(p string) bool {
@@ -203,4 +214,10 @@ func fileExists(p string) bool {
 func waitConfirmed(t *testing.T, n *node) {
 	t.Helper()
 	eventually(t, 10*time.Second, n.name+"'s queue to drain", func() bool { return n.s.Status().QueueDepth == 0 })
+}
+
+func gaugeValue(g prometheus.Gauge) float64 {
+	var m dto.Metric
+	g.Write(&m)
+	return m.GetGauge().GetValue()
 }

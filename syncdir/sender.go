@@ -40,6 +40,7 @@ const (
 	jobSymlink
 	jobDelete
 	jobRename
+	jobBatch // small puts of one root in one request
 )
 
 type noteVal struct {
@@ -59,12 +60,16 @@ type job struct {
 	target string // symlink target
 	p      *pend
 	p2     *pend // rename target's pend
+	batch  []job // jobBatch: the puts it carries
+	small  bool  // a small put or a batch: counts against maxSmallInflight
 }
 
 type result struct {
-	j   job
-	ent entry // state actually sent (put)
-	err error
+	j     job
+	ent   entry // state actually sent (put)
+	err   error
+	batch []result // jobBatch: one per put
+	echo  bool     // err is the batch request's, already noted with another file
 }
 
 // sender is one run of the sending side, from SetActive to SetPassive.
@@ -82,6 +87,7 @@ type sender struct {
 	pending  map[key]*pend
 	inflight map[key]*pend
 	queue    []job
+	small    int // small puts and batches in flight
 	jobs     chan job
 	results  chan result
 
@@ -159,8 +165,10 @@ func (sd *sender) drain() {
 	for {
 		select {
 		case r := <-sd.results:
-			if r.err == nil {
-				sd.confirmed(sd.s.roots[r.j.k.root], r)
+			for _, r := range flatten(r) {
+				if r.err == nil {
+					sd.confirmed(sd.s.roots[r.j.k.root], r)
+				}
 			}
 		default:
 			return
@@ -205,8 +213,12 @@ func (sd *sender) loop(ctx context.Context) error {
 	for {
 		var out chan job
 		var next job
+		var take int
 		if len(sd.queue) > 0 {
-			out, next = sd.jobs, sd.queue[0]
+			next, take = sd.next()
+			if !next.small || sd.small < maxSmallInflight {
+				out = sd.jobs
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -217,7 +229,10 @@ func (sd *sender) loop(ctx context.Context) error {
 		case r := <-sd.results:
 			sd.done(r)
 		case out <- next:
-			sd.queue = sd.queue[1:]
+			sd.queue = sd.queue[take:]
+			if next.small {
+				sd.small++
+			}
 			continue
 		}
 		if err := sd.merge(); err != nil {
@@ -512,8 +527,68 @@ func (sd *sender) enqueue(j job) {
 	sd.queue = append(sd.queue, j)
 }
 
-// done handles a finished request.
+// maxSmallInflight bounds the small-file requests in flight. A lone change
+// goes at once; in a burst the files pile up behind these few requests and
+// leave in big batches, so the receiver commits its journal a few times
+// instead of once per file (every commit stalls all writers on its disk).
+const maxSmallInflight = 4
+
+// next returns the job for the next free worker and how many queued jobs
+// it takes: consecutive small puts of one root travel as one batch.
+func (sd *sender) next() (job, int) {
+	j := sd.queue[0]
+	small := func(c job) bool { return c.kind == jobPut && c.ent.Size <= batchFileMax }
+	if !small(j) {
+		return j, 1
+	}
+	n, size := 1, j.ent.Size
+	for n < len(sd.queue) && n < batchMaxFiles {
+		c := sd.queue[n]
+		if !small(c) || c.k.root != j.k.root || size+c.ent.Size > batchMaxBytes {
+			break
+		}
+		size += c.ent.Size
+		n++
+	}
+	if n == 1 {
+		j.small = true
+		return j, 1
+	}
+	// Capped: later appends to the queue never write into the batch.
+	return job{kind: jobBatch, k: key{root: j.k.root}, batch: sd.queue[:n:n], small: true}, n
+}
+
+func flatten(r result) []result {
+	if r.j.kind == jobBatch {
+		return r.batch
+	}
+	return []result{r}
+}
+
+// done handles a finished request. A batch is handled file by file, but a
+// failure of the whole request is logged and backed off once.
 func (sd *sender) done(r result) {
+	if r.j.small {
+		sd.small--
+	}
+	if r.j.kind != jobBatch {
+		if sd.finish(r, true) {
+			sd.pausePeer()
+		}
+		return
+	}
+	peerWide := false
+	for _, sub := range r.batch {
+		peerWide = sd.finish(sub, !sub.echo) || peerWide
+	}
+	if peerWide {
+		sd.pausePeer()
+	}
+}
+
+// finish records one path's outcome; it reports a failure that concerns
+// the peer as a whole.
+func (sd *sender) finish(r result, note bool) bool {
 	j := r.j
 	rt := sd.s.roots[j.k.root]
 	delete(sd.inflight, j.k)
@@ -523,9 +598,17 @@ func (sd *sender) done(r result) {
 	if r.err == nil {
 		sd.confirmed(rt, r)
 		sd.backoff = 0
-		return
+		return false
 	}
-	sd.failed(r)
+	return sd.failed(r, note)
+}
+
+// pausePeer stops hammering a peer that is down or fencing us, and asks
+// for a compare of everything once it answers again.
+func (sd *sender) pausePeer() {
+	sd.backoff = min(max(2*sd.backoff, sd.s.cfg.RetryMin), sd.s.cfg.RetryMax)
+	sd.pauseUntil = time.Now().Add(jitter(sd.backoff))
+	sd.needReconcile = true
 }
 
 func (sd *sender) confirmed(rt *rootState, r result) {
@@ -549,9 +632,9 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
-// failed puts the path(s) back with a delay; peer-wide failures pause all
-// sending and ask for a reconcile once the peer answers again.
-func (sd *sender) failed(r result) {
+// failed puts the path(s) back with a delay; it reports peer-wide failures,
+// which pause all sending. note=false: the caller logs the error once.
+func (sd *sender) failed(r result, note bool) bool {
 	j := r.j
 	now := time.Now()
 	requeue := func(k key, p *pend, force, noRename bool) {
@@ -578,35 +661,32 @@ func (sd *sender) failed(r result) {
 		if j.kind == jobRename {
 			sd.touch(key{j.k.root, j.to}, now, true)
 		}
-		return
+		return false
 	case errors.Is(r.err, errNotActive), errors.Is(r.err, context.Canceled):
 		requeue(j.k, j.p, false, false)
 		if j.kind == jobRename {
 			requeue(key{j.k.root, j.to}, j.p2, false, false)
 		}
-		return
-	case errors.As(r.err, &he) && he.reason == "source-changed":
+		return false
+	case errors.Is(r.err, errSourceChanged), errors.As(r.err, &he) && he.reason == "source-changed":
 		sd.touch(j.k, now, false) // the change has its own event; look again
-		return
+		return false
 	case errors.As(r.err, &he) && he.reason == "rename-source":
 		requeue(j.k, j.p, true, true)
 		requeue(key{j.k.root, j.to}, j.p2, true, true)
-		return
+		return false
 	case errors.As(r.err, &he) && he.status == 400:
 		sd.s.noteError("refused", r.err) // the peer will never take it: do not loop
-		return
+		return false
 	}
-	sd.s.noteError(sendErrKind(r.err), r.err)
+	if note {
+		sd.s.noteError(sendErrKind(r.err), r.err)
+	}
 	requeue(j.k, j.p, false, false)
 	if j.kind == jobRename {
 		requeue(key{j.k.root, j.to}, j.p2, false, false)
 	}
-	if !errors.As(r.err, &he) || he.status == 409 {
-		// Peer down, or fenced: stop hammering it, compare everything later.
-		sd.backoff = min(max(2*sd.backoff, sd.s.cfg.RetryMin), sd.s.cfg.RetryMax)
-		sd.pauseUntil = now.Add(jitter(sd.backoff))
-		sd.needReconcile = true
-	}
+	return !errors.As(r.err, &he) || he.status == 409 // peer down, or fenced
 }
 
 func sendErrKind(err error) string {

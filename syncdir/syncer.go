@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -36,16 +38,20 @@ type Fence interface {
 
 // rootState is one synced tree at run time.
 type rootState struct {
-	cfg     Root
-	name    string
-	abs     string
-	ex      excluder
-	rec     *record
-	peerURL string
-	root    *os.Root // opened by Run
+	cfg       Root
+	syncfsMin int // batches of this many files use syncfs (0: never)
+	name      string
+	abs       string
+	ex        excluder
+	rec       *record
+	peerURL   string
+	root      *os.Root // opened by Run
 
-	dmu      sync.Mutex // guards dirSyncs
-	dirSyncs map[string]*dirSync
+	fsFD     *os.File            // the root directory, for syncfs
+	dmu      sync.Mutex          // guards dirSyncs
+	dirSyncs map[string]*dirSync // group commits: per directory, and "fs"
+
+	inQuarantine atomic.Int64 // files in the quarantine folder
 }
 
 // Syncer is the sender and the receiver of one node.
@@ -157,7 +163,8 @@ func (s *Syncer) addRoot(r Root) error {
 	if s.cfg.Insecure && s.cfg.TLS.CertFile == "" {
 		scheme = "http://"
 	}
-	rt := &rootState{cfg: r, name: r.name(), abs: r.Path, ex: newExcluder(r.excludes()), rec: rec, peerURL: scheme + peer, dirSyncs: map[string]*dirSync{}}
+	rt := &rootState{cfg: r, name: r.name(), abs: r.Path, ex: newExcluder(r.excludes()), rec: rec, peerURL: scheme + peer, dirSyncs: map[string]*dirSync{},
+		syncfsMin: s.cfg.SyncfsMinFiles}
 	s.roots = append(s.roots, rt)
 	s.rootByName[rt.name] = rt
 	return nil
@@ -213,6 +220,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		return err
 	}
 	defer s.closeRoots()
+	s.countQuarantine()
 	ln := s.ln
 	if ln == nil {
 		var err error
@@ -260,6 +268,7 @@ func (s *Syncer) loop(ctx context.Context, serveErr <-chan error) error {
 			return fmt.Errorf("syncdir: receiver: %w", err)
 		case <-t.C:
 			s.flushRecords()
+			s.countQuarantine()
 		}
 	}
 }
@@ -277,6 +286,29 @@ func (s *Syncer) flushRecords() {
 	}
 }
 
+// countQuarantine recounts the files waiting in each root's quarantine, so
+// the gauge falls back to zero once an operator has dealt with them.
+func (s *Syncer) countQuarantine() {
+	for _, rt := range s.roots {
+		n := 0
+		err := fs.WalkDir(rt.root.FS(), quarantineDir, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if !d.IsDir() {
+				n++
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.lg.Warn("sync quarantine not counted", zap.String("root", rt.name), zap.Error(err))
+			continue
+		}
+		rt.inQuarantine.Store(int64(n))
+		s.m.inQuarantine.WithLabelValues(rt.name).Set(float64(n))
+	}
+}
+
 func (s *Syncer) openRoots() error {
 	for _, rt := range s.roots {
 		if err := os.MkdirAll(rt.abs, 0o755); err != nil {
@@ -288,12 +320,19 @@ func (s *Syncer) openRoots() error {
 			return fmt.Errorf("syncdir: root %s: %w", rt.name, err)
 		}
 		rt.root = r
+		if rt.fsFD, err = r.Open("."); err != nil {
+			s.closeRoots()
+			return fmt.Errorf("syncdir: root %s: %w", rt.name, err)
+		}
 	}
 	return nil
 }
 
 func (s *Syncer) closeRoots() {
 	for _, rt := range s.roots {
+		if rt.fsFD != nil {
+			rt.fsFD.Close()
+		}
 		if rt.root != nil {
 			rt.root.Close()
 		}
@@ -427,6 +466,7 @@ type Status struct {
 	Errors           map[string]uint64 `json:"errors"`
 	Rejected         map[string]uint64 `json:"rejected"`
 	QuarantinedTotal uint64            `json:"quarantined_total"`
+	QuarantineFiles  map[string]int64  `json:"quarantine_files"` // by root: files present now
 	Quarantined      []QuarantinedFile `json:"quarantined"`
 	Roots            []string          `json:"roots"`
 }
@@ -456,8 +496,10 @@ func (s *Syncer) Status() Status {
 	s.qmu.Lock()
 	st.Quarantined = append([]QuarantinedFile{}, s.quarantined...)
 	s.qmu.Unlock()
+	st.QuarantineFiles = make(map[string]int64, len(s.roots))
 	for _, rt := range s.roots {
 		st.Roots = append(st.Roots, filepath.Clean(rt.abs))
+		st.QuarantineFiles[rt.name] = rt.inQuarantine.Load()
 	}
 	return st
 }

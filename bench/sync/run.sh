@@ -1,7 +1,8 @@
 #!/bin/sh
 # Side-by-side benchmark: syncdir vs lsyncd (default.rsync, delay 15 and 0)
 # and plain rsync -a / rsync -a --fsync to an rsync daemon, all on loopback.
-# Run by hand, as root:  sudo bench/sync/run.sh [-skip-delay15] [-small 20]
+# Run by hand, as root:  sudo bench/sync/run.sh [-skip-delay15] [-skip-bulk | -bulk-only]
+#   [-small 20] [-rounds 3]   (wrap in flock /tmp/hapair-bench.lock on shared machines)
 # Needs Debian packages: lsyncd rsync (and Go to build the driver).
 set -eu
 cd "$(dirname "$0")/../.."

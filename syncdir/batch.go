@@ -1,0 +1,357 @@
+package syncdir
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// A batch put carries many small files in one request, so a burst costs a
+// few requests and a few rounds of fsync instead of one of each per file.
+//
+//	PUT /v1/batch/<root>?n=N
+//	body = N times: header line "\n"-terminated + content
+//	header = path=P&mode=0644&mtime=NS&size=S[&uid=U&gid=G] (URL query syntax)
+//
+// The receiver writes every file to a temp file, fsyncs them all together,
+// renames them, fsyncs each parent directory once, and only then answers
+// 200 with one result per file, in order. A refused or failed file does
+// not stop the others; a body that breaks the framing (truncated, bad
+// header) fails the whole batch and leaves nothing behind.
+const (
+	batchMaxFiles    = 256      // files per batch
+	batchMaxBytes    = 4 << 20  // content bytes per batch (sender side)
+	batchFileMax     = 64 << 10 // larger files go as a streamed put
+	batchMaxHeader   = 16 << 10 // one file's header line
+	batchMaxBody     = 24 << 20 // receiver's cap on a whole batch body
+	batchSyncWorkers = 64       // fsyncs in flight per batch
+)
+
+// batchResult is the receiver's verdict on one file of a batch.
+type batchResult struct {
+	Status int    `json:"status"`
+	Reason string `json:"reason,omitempty"`
+	Error  string `json:"error,omitempty"`
+}
+
+type batchResp struct {
+	Results []batchResult `json:"results"`
+}
+
+func decodeBatchArgs(v url.Values, q *request) error {
+	for k := range v {
+		if k != "n" {
+			return refuse("bad-request", http.StatusBadRequest, "unknown parameter %q", k)
+		}
+	}
+	n, err := strconv.Atoi(v.Get("n"))
+	if err != nil || n < 1 || n > batchMaxFiles {
+		return refuse("bad-request", http.StatusBadRequest, "batch n must be 1-%d, got %q", batchMaxFiles, v.Get("n"))
+	}
+	q.count = n
+	return nil
+}
+
+// appendBatchHeader encodes one file's header line.
+func appendBatchHeader(b []byte, rel string, e entry) []byte {
+	v := url.Values{"path": {rel}, "mode": {strconv.FormatUint(uint64(e.Mode), 8)},
+		"mtime": {strconv.FormatInt(e.Mtime, 10)}, "size": {strconv.FormatInt(e.Size, 10)}}
+	owner(v, e)
+	b = append(b, v.Encode()...)
+	return append(b, '\n')
+}
+
+// readBatchHeader reads one header line. The returned error is a framing
+// error (the batch cannot be read further); a file that is only refused
+// comes back with its size (so its content can be skipped) and ferr set.
+func readBatchHeader(br *bufio.Reader, batch request) (q request, ferr error, err error) {
+	line, err := br.ReadSlice('\n')
+	switch {
+	case errors.Is(err, bufio.ErrBufferFull):
+		return q, nil, refuse("bad-request", http.StatusBadRequest, "batch header longer than %d bytes", batchMaxHeader)
+	case errors.Is(err, io.EOF):
+		return q, nil, fmt.Errorf("batch body ended in a header: %w", io.ErrUnexpectedEOF)
+	case err != nil:
+		return q, nil, fmt.Errorf("read batch: %w", err)
+	}
+	v, err := url.ParseQuery(string(bytes.TrimSuffix(line, []byte("\n"))))
+	if err != nil {
+		return q, nil, refuse("bad-request", http.StatusBadRequest, "bad batch header: %v", err)
+	}
+	sz := v["size"]
+	if len(sz) != 1 {
+		return q, nil, refuse("bad-request", http.StatusBadRequest, "batch header needs one size")
+	}
+	size, err := strconv.ParseInt(sz[0], 10, 64)
+	if err != nil || size < 0 || size > batchMaxBody {
+		return q, nil, refuse("bad-request", http.StatusBadRequest, "bad batch size %q", sz[0])
+	}
+	delete(v, "size")
+	q = request{op: opPut, root: batch.root, epoch: batch.epoch, node: batch.node, size: size}
+	for k, vs := range v {
+		if len(vs) != 1 {
+			return q, refuse("bad-request", http.StatusBadRequest, "parameter %q given %d times", k, len(vs)), nil
+		}
+	}
+	return q, decodeArgs(v, &q), nil
+}
+
+// batchItem is one file of a batch on its way through the receiver.
+type batchItem struct {
+	q   request
+	tmp string   // temp file, "" once renamed or removed
+	f   *os.File // open until synced
+	err error
+}
+
+func (s *Syncer) recvBatch(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
+	items, err := s.readBatch(w, r, rt, q)
+	if err != nil {
+		for i := range items {
+			items[i].discard(rt)
+		}
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			return refuse("too-large", http.StatusRequestEntityTooLarge, "batch body over %d bytes", mbe.Limit)
+		}
+		return err
+	}
+	syncBatch(rt, items)
+	s.commitBatch(rt, items)
+	resp := batchResp{Results: make([]batchResult, len(items))}
+	for i := range items {
+		resp.Results[i] = s.batchVerdict(r, rt, &items[i])
+	}
+	w.Header().Set("Content-Type", "application/json")
+	return json.NewEncoder(w).Encode(resp)
+}
+
+// readBatch writes every file of the body to its temp file.
+func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState, q request) ([]batchItem, error) {
+	br := bufio.NewReaderSize(http.MaxBytesReader(w, r.Body, batchMaxBody), batchMaxHeader)
+	items := make([]batchItem, 0, q.count)
+	for range q.count {
+		fq, ferr, err := readBatchHeader(br, q)
+		if err != nil {
+			return items, err
+		}
+		it := batchItem{q: fq, err: ferr}
+		body := &io.LimitedReader{R: br, N: fq.size}
+		if it.err == nil {
+			it.err = s.prepBatchFile(rt, &it, body)
+		}
+		if it.f != nil && rt.bySyncfs(q.count) {
+			// syncfs needs no descriptor: do not hold hundreds open.
+			if err := it.f.Close(); err != nil && it.err == nil {
+				it.err = err
+			}
+			it.f = nil
+		}
+		if _, err := io.Copy(io.Discard, body); err != nil {
+			items = append(items, it)
+			return items, fmt.Errorf("read batch: %w", err)
+		}
+		items = append(items, it)
+		if body.N != 0 {
+			return items, fmt.Errorf("batch body ended inside %q: %w", fq.path, io.ErrUnexpectedEOF)
+		}
+	}
+	if _, err := br.ReadByte(); err == nil {
+		return items, refuse("bad-request", http.StatusBadRequest, "batch body longer than its %d files", q.count)
+	} else if !errors.Is(err, io.EOF) {
+		return items, fmt.Errorf("read batch: %w", err)
+	}
+	return items, nil
+}
+
+// prepBatchFile writes one file to a temp file next to its final name; the
+// file stays open for syncBatch.
+func (s *Syncer) prepBatchFile(rt *rootState, it *batchItem, body io.Reader) error {
+	q := it.q
+	if rt.ex.matchAny(q.path, false) {
+		return refuse("excluded", http.StatusBadRequest, "path %q is excluded here", q.path)
+	}
+	if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
+		return err
+	}
+	tmp := tempName(path.Dir(q.path))
+	f, err := rt.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create temp: %w", err)
+	}
+	it.tmp, it.f = tmp, f
+	if err := setOwner(f.Chown, q); err != nil {
+		return err
+	}
+	n, err := io.Copy(f, body)
+	if err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if n != q.size {
+		return fmt.Errorf("write: body ended after %d of %d bytes: %w", n, q.size, io.ErrUnexpectedEOF)
+	}
+	if err := f.Chmod(fileMode(q.mode)); err != nil {
+		return err
+	}
+	t := time.Unix(0, q.mtime)
+	return rt.root.Chtimes(tmp, t, t)
+}
+
+// discard removes what is left of a failed (or unsent) file.
+func (it *batchItem) discard(rt *rootState) {
+	if it.f != nil {
+		it.f.Close()
+		it.f = nil
+	}
+	if it.tmp != "" {
+		rt.root.Remove(it.tmp)
+		it.tmp = ""
+	}
+}
+
+// bySyncfs: a batch of n files is made durable with one syncfs (one
+// journal commit), a smaller one with parallel fsyncs (sync.syncfs-min-files).
+func (rt *rootState) bySyncfs(n int) bool { return rt.syncfsMin > 0 && n >= rt.syncfsMin }
+
+// syncBatch makes the content of every prepared file durable. Parallel
+// fsyncs: the journal commits many at once, so N files cost about as much
+// as a few; syncfs: one commit for the whole batch.
+func syncBatch(rt *rootState, items []batchItem) {
+	if rt.bySyncfs(len(items)) {
+		if err := syncRootFS(rt); err != nil {
+			for i := range items {
+				if items[i].err == nil {
+					items[i].err = err
+				}
+			}
+		}
+		return
+	}
+	work := make(chan *batchItem)
+	var wg sync.WaitGroup
+	for range min(batchSyncWorkers, len(items)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range work {
+				if err := it.f.Sync(); err != nil {
+					it.err = fmt.Errorf("fsync: %w", err)
+				}
+				if err := it.f.Close(); err != nil && it.err == nil {
+					it.err = err
+				}
+				it.f = nil
+			}
+		}()
+	}
+	for i := range items {
+		if it := &items[i]; it.err == nil && it.f != nil {
+			work <- it
+		}
+	}
+	close(work)
+	wg.Wait()
+}
+
+// commitBatch renames the durable files into place (quarantining what
+// they replace when the peer never had it) and fsyncs each directory once.
+func (s *Syncer) commitBatch(rt *rootState, items []batchItem) {
+	dirs := map[string][]*batchItem{}
+	for i := range items {
+		it := &items[i]
+		if it.err != nil {
+			it.discard(rt)
+			continue
+		}
+		err := s.makeRoom(rt, it.q.path, it.q.epoch, false)
+		if err == nil {
+			err = rt.root.Rename(it.tmp, it.q.path)
+		}
+		if err != nil {
+			it.err = err
+			it.discard(rt)
+			continue
+		}
+		it.tmp = ""
+		d := path.Dir(it.q.path)
+		dirs[d] = append(dirs[d], it)
+	}
+	syncBatchDirs(rt, dirs)
+	for _, its := range dirs {
+		for _, it := range its {
+			if it.err == nil {
+				s.remember(rt, it.q.path)
+				s.countReceived(it.q.size)
+			}
+		}
+	}
+}
+
+// syncBatchDirs makes the renames durable: one syncfs for a big batch,
+// else one fsync per directory, in parallel.
+func syncBatchDirs(rt *rootState, dirs map[string][]*batchItem) {
+	n := 0
+	for _, its := range dirs {
+		n += len(its)
+	}
+	fail := func(its []*batchItem, err error) {
+		for _, it := range its {
+			it.err = err
+		}
+	}
+	if rt.bySyncfs(n) {
+		if err := syncRootFS(rt); err != nil {
+			for _, its := range dirs {
+				fail(its, err)
+			}
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for d, its := range dirs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := syncRootDir(rt, d); err != nil {
+				fail(its, err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// batchVerdict turns one file's outcome into its result, counting and
+// logging failures as a single request's would be.
+func (s *Syncer) batchVerdict(r *http.Request, rt *rootState, it *batchItem) batchResult {
+	if it.err == nil {
+		return batchResult{Status: http.StatusOK}
+	}
+	var rf *refusal
+	if errors.As(it.err, &rf) {
+		s.countRejected(rf.reason)
+		s.lg.Warn("sync request refused", zap.String("reason", rf.reason), zap.String("op", string(opBatch)),
+			zap.String("root", rt.name), zap.String("path", it.q.path), zap.String("from", r.RemoteAddr),
+			zap.Int64("epoch", it.q.epoch), zap.Error(it.err))
+		return batchResult{Status: rf.status, Reason: rf.reason, Error: it.err.Error()}
+	}
+	kind := errKind(it.err)
+	status := http.StatusInternalServerError
+	if kind == "disk-full" {
+		status = http.StatusInsufficientStorage
+	}
+	s.countError("recv-" + kind)
+	s.lg.Error("sync request failed", zap.String("kind", kind), zap.String("op", string(opBatch)),
+		zap.String("root", rt.name), zap.String("path", it.q.path), zap.Error(it.err))
+	return batchResult{Status: status, Error: it.err.Error()}
+}

@@ -1,0 +1,306 @@
+package syncdir
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// batchFile is one file of a hand-made batch; rawPath goes on the wire as
+// is (already query-escaped) when set.
+type batchFile struct {
+	path, rawPath, content string
+	mode                   uint32
+	mtime                  int64
+}
+
+func batchBody(files []batchFile) []byte {
+	var b []byte
+	for _, f := range files {
+		if f.rawPath != "" {
+			b = fmt.Appendf(b, "path=%s&mode=%o&mtime=%d&size=%d\n", f.rawPath, f.mode, f.mtime, len(f.content))
+		} else {
+			b = appendBatchHeader(b, f.path, entry{Mode: f.mode, Mtime: f.mtime, Size: int64(len(f.content))})
+		}
+		b = append(b, f.content...)
+	}
+	return b
+}
+
+// batch sends a batch put and returns the status and the per-file results.
+func (h *hostileClient) batch(epoch string, n int, body []byte) (int, []batchResult) {
+	h.t.Helper()
+	req, err := http.NewRequest("PUT", fmt.Sprintf("https://%s/v1/batch/data?n=%d", h.addr, n), bytes.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req.Header.Set(hdrEpoch, epoch)
+	req.Header.Set(hdrNode, "a")
+	resp, err := h.c.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var br batchResp
+	if resp.StatusCode == 200 {
+		if err := json.NewDecoder(resp.Body).Decode(&br); err != nil {
+			h.t.Fatalf("batch answer: %v", err)
+		}
+	}
+	return resp.StatusCode, br.Results
+}
+
+// A batch lands every file with its content, mode and mtime, one 200 each,
+// made durable by one syncfs or, with syncfs-min-files 0, by fsyncs.
+func TestBatchPut(t *testing.T) {
+	for _, syncfs := range []bool{true, false} {
+		t.Run(fmt.Sprintf("syncfs=%v", syncfs), func(t *testing.T) { testBatchPut(t, syncfs) })
+	}
+}
+
+func testBatchPut(t *testing.T, syncfs bool) {
+	_, b, p := pair(t)
+	if !syncfs {
+		b.s.roots[0].syncfsMin = 0
+	}
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	mt := time.Date(2020, 1, 2, 3, 4, 5, 6, time.UTC).UnixNano()
+	files := []batchFile{
+		{path: "one.txt", content: "first", mode: 0o644, mtime: mt},
+		{path: "empty", content: "", mode: 0o600, mtime: mt},
+		{path: "new/dir/deep.bin", content: strings.Repeat("d", 5000), mode: 0o640, mtime: mt},
+		{path: "odd name\n%.txt", content: "odd", mode: 0o755, mtime: mt},
+	}
+	for i := range DefaultConfig().SyncfsMinFiles { // a big batch takes the syncfs path
+		files = append(files, batchFile{path: fmt.Sprintf("many/m%02d", i), content: fmt.Sprint(i), mode: 0o644, mtime: mt})
+	}
+	st, res := h.batch("4", len(files), batchBody(files))
+	if st != 200 || len(res) != len(files) {
+		t.Fatalf("batch: %d %+v", st, res)
+	}
+	for i, f := range files {
+		if res[i].Status != 200 {
+			t.Fatalf("%s: %+v", f.path, res[i])
+		}
+		fp := filepath.Join(b.root, f.path)
+		fi, err := os.Stat(fp)
+		if err != nil || readFile(fp) != f.content || unixMode(fi.Mode()) != f.mode || fi.ModTime().UnixNano() != mt {
+			t.Fatalf("%s: %v %q %o %v", f.path, err, readFile(fp), unixMode(fi.Mode()), fi.ModTime())
+		}
+		if _, ok := b.s.roots[0].rec.get(f.path); !ok {
+			t.Fatalf("%s not remembered as received", f.path)
+		}
+	}
+	if got := b.s.Status().FilesReceived; got != uint64(len(files)) {
+		t.Fatalf("files received %d", got)
+	}
+	noTempFiles(t, b.root)
+}
+
+// One hostile path in a batch is refused and counted; the others land, and
+// the results say which is which.
+func TestBatchBadPath(t *testing.T) {
+	_, b, p := pair(t)
+	outside := t.TempDir()
+	os.Symlink(outside, filepath.Join(b.root, "evil"))
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	files := []batchFile{
+		{path: "good-1", content: "g1", mode: 0o644},
+		{rawPath: "..%2fescape", content: "bad", mode: 0o644},
+		{path: "evil/through-link", content: "bad", mode: 0o644},
+		{path: "cache/excluded", content: "bad", mode: 0o644},
+		{rawPath: "x&path=y", content: "bad", mode: 0o644},
+		{path: "good-2", content: "g2", mode: 0o644},
+	}
+	st, res := h.batch("4", len(files), batchBody(files))
+	if st != 200 || len(res) != len(files) {
+		t.Fatalf("batch: %d %+v", st, res)
+	}
+	want := []string{"", "traversal", "symlink-parent", "excluded", "bad-request", ""}
+	for i, w := range want {
+		if w == "" && res[i].Status != 200 || w != "" && (res[i].Status != 400 || res[i].Reason != w) {
+			t.Errorf("file %d: want %q, got %+v", i, w, res[i])
+		}
+	}
+	rej := b.s.Status().Rejected
+	for _, w := range want[1:5] {
+		if rej[w] != 1 {
+			t.Errorf("rejected[%s] = %d (%v)", w, rej[w], rej)
+		}
+	}
+	if readFile(filepath.Join(b.root, "good-1")) != "g1" || readFile(filepath.Join(b.root, "good-2")) != "g2" {
+		t.Fatal("good files of the batch not applied")
+	}
+	if e, _ := os.ReadDir(outside); len(e) != 0 || fileExists(filepath.Join(filepath.Dir(b.root), "escape")) {
+		t.Fatal("a file landed outside the root")
+	}
+	if fileExists(filepath.Join(b.root, "cache")) {
+		t.Fatal("excluded path written")
+	}
+	noTempFiles(t, b.root)
+}
+
+// A batch from an epoch below the highest recorded is refused whole.
+func TestBatchLowerEpoch(t *testing.T) {
+	_, b, p := pair(t)
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	if st, _ := h.batch("9", 1, batchBody([]batchFile{{path: "first", content: "x", mode: 0o644}})); st != 200 {
+		t.Fatalf("first batch: %d", st)
+	}
+	files := []batchFile{{path: "late-1", content: "a", mode: 0o644}, {path: "late-2", content: "b", mode: 0o644}}
+	if st, _ := h.batch("8", len(files), batchBody(files)); st != http.StatusConflict {
+		t.Fatalf("lower epoch: %d", st)
+	}
+	if fileExists(filepath.Join(b.root, "late-1")) || fileExists(filepath.Join(b.root, "late-2")) {
+		t.Fatal("a file of a stale batch applied")
+	}
+	if got := b.s.Status().Rejected["stale-epoch"]; got != 1 {
+		t.Fatalf("rejected[stale-epoch] = %d", got)
+	}
+	noTempFiles(t, b.root)
+}
+
+// A batch body that breaks off, or that holds fewer or more files than it
+// announces, applies nothing and leaves no temp files.
+func TestBatchTruncated(t *testing.T) {
+	_, b, p := pair(t)
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	files := []batchFile{
+		{path: "t-1", content: strings.Repeat("1", 1000), mode: 0o644},
+		{path: "t-2", content: strings.Repeat("2", 1000), mode: 0o644},
+		{path: "t-3", content: strings.Repeat("3", 1000), mode: 0o644},
+	}
+	body := batchBody(files)
+	// Fewer files than announced, more, and a last file shorter than its size.
+	for name, c := range map[string]struct {
+		n    int
+		body []byte
+	}{
+		"missing file": {4, body},
+		"extra bytes":  {3, append(append([]byte{}, body...), "junk"...)},
+		"short file":   {3, body[:len(body)-10]},
+		"no header":    {3, body[:len(body)-1010]},
+	} {
+		if st, _ := h.batch("5", c.n, c.body); st == 200 {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// The connection dies in the middle of the second file.
+	errsBefore := b.s.Status().Errors["recv-truncated"]
+	head := fmt.Sprintf("PUT /v1/batch/data?n=3 HTTP/1.1\r\nHost: x\r\n%s: 5\r\n%s: a\r\nContent-Length: %d\r\n\r\n",
+		hdrEpoch, hdrNode, len(body))
+	h.raw(append([]byte(head), body[:1500]...), true)
+	eventually(t, 10*time.Second, "the truncated batch to fail", func() bool {
+		return b.s.Status().Errors["recv-truncated"] > errsBefore
+	})
+	for _, f := range files {
+		if fileExists(filepath.Join(b.root, f.path)) {
+			t.Fatalf("%s of a broken batch visible", f.path)
+		}
+	}
+	noTempFiles(t, b.root)
+	if st, res := h.batch("5", 3, body); st != 200 || len(res) != 3 || res[2].Status != 200 {
+		t.Fatalf("receiver stopped serving batches: %d %+v", st, res)
+	}
+}
+
+// Disk full in the middle of a batch: every file reported 200 is complete
+// under its final name, every other one is absent, no temp file stays.
+func TestBatchDiskFull(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("disk-full test mounts a small tmpfs: needs root")
+	}
+	_, b, p := pair(t)
+	full := filepath.Join(b.root, "full")
+	os.MkdirAll(full, 0o755)
+	if err := unix.Mount("tmpfs", full, "tmpfs", 0, "size=256k,mode=0755"); err != nil {
+		t.Skipf("tmpfs mount not permitted: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(full, unix.MNT_DETACH) })
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	var files []batchFile
+	for i := range 2 * DefaultConfig().SyncfsMinFiles { // enough for the syncfs path
+		files = append(files, batchFile{path: fmt.Sprintf("full/f%02d", i), content: strings.Repeat("x", 16<<10), mode: 0o644})
+	}
+	st, res := h.batch("6", len(files), batchBody(files))
+	if st != 200 || len(res) != len(files) {
+		t.Fatalf("batch: %d %+v", st, res)
+	}
+	ok, failed := 0, 0
+	for i, f := range files {
+		fp := filepath.Join(b.root, f.path)
+		switch res[i].Status {
+		case 200:
+			ok++
+			if readFile(fp) != f.content {
+				t.Fatalf("%s reported stored but holds %d bytes", f.path, len(readFile(fp)))
+			}
+		case http.StatusInsufficientStorage:
+			failed++
+			if fileExists(fp) {
+				t.Fatalf("%s failed but is visible", f.path)
+			}
+		default:
+			t.Fatalf("%s: %+v", f.path, res[i])
+		}
+	}
+	if failed == 0 || ok == 0 {
+		t.Fatalf("want some files stored and some refused for space: %d ok, %d failed", ok, failed)
+	}
+	if got := b.s.Status().Errors["recv-disk-full"]; got != uint64(failed) {
+		t.Fatalf("recv-disk-full %d, want %d", got, failed)
+	}
+	noTempFiles(t, b.root)
+}
+
+// The batch header decoder refuses what the query decoder refuses.
+func TestBatchHeaderDecoding(t *testing.T) {
+	batch := request{op: opBatch, root: "data", epoch: 3, node: "a"}
+	for _, c := range []struct {
+		line    string
+		framing bool   // the batch cannot go on
+		reason  string // the file alone is refused
+	}{
+		{"path=a&mode=644&mtime=1&size=2\n", false, ""},
+		{"path=a&mode=644&mtime=1&size=-1\n", true, ""},
+		{"path=a&mode=644&mtime=1\n", true, ""},
+		{"path=a&mode=644&mtime=1&size=2&size=2\n", true, ""},
+		{"path=a&mode=644&mtime=1&size=2", true, ""},
+		{"path=a%zz&size=2\n", true, ""},
+		{"path=%2fetc&mode=644&mtime=1&size=2\n", false, "absolute"},
+		{"path=a&path=b&mode=644&mtime=1&size=2\n", false, "bad-request"},
+		{"path=a&mode=99&mtime=1&size=2\n", false, "bad-request"},
+		{"path=a&mode=644&mtime=1&size=2&to=b\n", false, "bad-request"},
+		{"path=a%00b&mode=644&mtime=1&size=2\n", false, "nul"},
+		{"path=" + strings.Repeat("a", batchMaxHeader) + "&size=1\n", true, ""},
+	} {
+		q, ferr, err := readBatchHeader(bufio.NewReaderSize(strings.NewReader(c.line), batchMaxHeader), batch)
+		if (err != nil) != c.framing {
+			t.Errorf("%.60q: framing error %v", c.line, err)
+			continue
+		}
+		if c.framing {
+			continue
+		}
+		rf, _ := ferr.(*refusal)
+		if c.reason == "" && ferr != nil || c.reason != "" && (rf == nil || rf.reason != c.reason) {
+			t.Errorf("%.60q: want %q, got %v", c.line, c.reason, ferr)
+		}
+		if q.size != 2 || q.epoch != 3 || q.op != opPut {
+			t.Errorf("%.60q: decoded %+v", c.line, q)
+		}
+	}
+	if _, err := url.ParseQuery(string(appendBatchHeader(nil, "a b/c&d", entry{Size: 1}))); err != nil {
+		t.Fatal(err)
+	}
+}
