@@ -208,14 +208,14 @@ func TestActivePassiveFlipsWithEtcd(t *testing.T) {
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	t.Logf("flip→first response from new ACTIVE: median %v, max %v; %d requests, %d failed",
 		lat[len(lat)/2], lat[len(lat)-1], tr.total, tr.failed)
-	// Every flip should be within 100 ms (unloaded: 50 of 50, median ~15 ms);
-	// allow outliers for -race on a shared 2-core machine where checks and
-	// etcd's watch delivery stall with the load, never for the median.
+	// Every flip within 100 ms, as the issue asks. Measured with -race:
+	// max ~15 ms idle, ~35 ms with four busy loops on the two cores, so
+	// the bound holds with room under CI load.
 	within := sort.Search(len(lat), func(i int) bool { return lat[i] > 100*time.Millisecond })
 	t.Logf("%d of %d flips within 100ms; p90 %v", within, len(lat), lat[len(lat)*9/10])
-	if lat[len(lat)/2] > 100*time.Millisecond || within < len(lat)*7/10 {
-		t.Errorf("switch time median %v, %d of %d flips within 100ms; want median ≤ 100ms and ≥ 70%%",
-			lat[len(lat)/2], within, len(lat))
+	if within < len(lat) {
+		t.Errorf("%d of %d flips took over 100ms (median %v, max %v)", len(lat)-within, len(lat),
+			lat[len(lat)/2], lat[len(lat)-1])
 	}
 	if n := ev.violations(t, tr.sent, a, b); n > 0 {
 		t.Errorf("%d requests reached a PASSIVE node after the flip was known", n)

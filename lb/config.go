@@ -79,6 +79,7 @@ type BackendConfig struct {
 	FastInterval          time.Duration  `yaml:"fast-interval"`
 	ConnectTimeout        time.Duration  `yaml:"connect-timeout"`
 	ResponseHeaderTimeout time.Duration  `yaml:"response-header-timeout"`
+	ReadTimeout           time.Duration  `yaml:"read-timeout"` // between two reads of a response body
 	IdleConns             int            `yaml:"idle-conns"`
 	IdleConnTimeout       time.Duration  `yaml:"idle-conn-timeout"`
 	Check                 CheckConfig    `yaml:"check"`
@@ -282,6 +283,15 @@ func (b *BackendConfig) validate(p string, haveEtcd bool) error {
 	setDefaultDur(&b.FastInterval, 10*time.Millisecond)
 	setDefaultDur(&b.ConnectTimeout, 2*time.Second)
 	setDefaultDur(&b.ResponseHeaderTimeout, 30*time.Second)
+	setDefaultDur(&b.ReadTimeout, 60*time.Second)
+	for _, t := range []struct {
+		name string
+		d    time.Duration
+	}{{"connect-timeout", b.ConnectTimeout}, {"response-header-timeout", b.ResponseHeaderTimeout}, {"read-timeout", b.ReadTimeout}} {
+		if t.d < 0 {
+			return config.Errorf(p+"."+t.name, t.d, "must not be negative")
+		}
+	}
 	setDefault(&b.IdleConns, 64)
 	setDefaultDur(&b.IdleConnTimeout, 30*time.Second)
 	if b.EtcdFastPath && !haveEtcd {

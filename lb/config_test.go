@@ -106,7 +106,7 @@ func TestRelayChunked(t *testing.T) {
 	in := "5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-Trailer: 1\r\n\r\nNEXT"
 	src := bufio.NewReader(strings.NewReader(in))
 	var out bytes.Buffer
-	dst := bufio.NewWriter(&out)
+	dst := newWbuf(&out, 4096)
 	if err := relayChunked(dst, src, false); err != nil {
 		t.Fatal(err)
 	}

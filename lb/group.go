@@ -68,7 +68,7 @@ func newGroup(cfg BackendConfig, lg *zap.Logger, m *Metrics) *Group {
 	// Create the per-backend series at zero so alerts see them from the start.
 	for _, v := range []interface {
 		WithLabelValues(...string) prometheus.Counter
-	}{m.retries, m.noServer, m.holdTimeouts} {
+	}{m.retries, m.noServer, m.holdTimeouts, m.holdCancelled} {
 		v.WithLabelValues(cfg.Name)
 	}
 	if cfg.Kind == KindActivePassive || cfg.Kind == KindPGPrimary {
@@ -247,8 +247,11 @@ func (g *Group) acquire(ctx context.Context, exclude []*Server) (*Server, error)
 	defer t.Stop()
 	s, err := g.hold(ctx, exclude, t.C)
 	g.m.holdWait.WithLabelValues(g.cfg.Name).Observe(time.Since(start).Seconds())
-	if errors.Is(err, ErrHoldTimed) {
+	switch {
+	case errors.Is(err, ErrHoldTimed):
 		g.m.holdTimeouts.WithLabelValues(g.cfg.Name).Inc()
+	case err != nil && ctx.Err() != nil:
+		g.m.holdCancelled.WithLabelValues(g.cfg.Name).Inc() // the client went away
 	}
 	return s, err
 }

@@ -52,6 +52,12 @@ func (h *head) reset() {
 	h.xff, h.connToks = h.xff[:0], h.connToks[:0]
 }
 
+// headBuffered reports whether br already holds a complete head.
+func headBuffered(br *bufio.Reader) bool {
+	buf, _ := br.Peek(br.Buffered())
+	return headEnd(buf, 0) > 0
+}
+
 // readHead waits for a complete head (up to the blank line) in br and
 // copies it into dst. It fails with errHeadTooLarge when limit bytes (or the
 // reader's buffer) fill without one.
@@ -314,7 +320,7 @@ func (h *head) dropOnForward(name []byte, request bool) bool {
 
 // relayChunked copies a chunked body unchanged (framing included),
 // flushing dst when src has nothing more buffered so streams stay live.
-func relayChunked(dst *bufio.Writer, src *bufio.Reader, flush bool) error {
+func relayChunked(dst *wbuf, src *bufio.Reader, flush bool) error {
 	for {
 		line, err := src.ReadSlice('\n')
 		if err != nil {

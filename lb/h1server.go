@@ -40,8 +40,9 @@ const (
 // h1Conn is one client connection with its reusable buffers.
 type h1Conn struct {
 	c     net.Conn
+	sock  *sockIO // I/O and read deadlines of c
 	br    *bufio.Reader
-	bw    *bufio.Writer
+	bw    *wbuf
 	state atomic.Int32
 	ip    string
 	req   head
@@ -50,7 +51,7 @@ type h1Conn struct {
 
 // Client writers are large enough for a head plus a 16 KiB body in one
 // write, and are only held while a request is in progress.
-var h1WriterPool = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 32<<10) }}
+var h1WriterPool = sync.Pool{New: func() any { return newWbuf(nil, 32<<10) }}
 
 // serve accepts client connections until ln is closed.
 func (s *h1Server) serve(ln net.Listener) error {
@@ -136,15 +137,16 @@ func (s *h1Server) handle(hc *h1Conn) {
 		hc.ip = a.IP.String()
 	}
 	lc := s.route.Load().lc
-	hc.br = bufio.NewReaderSize(hc.c, lc.MaxHeaderBytes+1024)
+	hc.sock = newSockIO(hc.c)
+	hc.br = bufio.NewReaderSize(hc.sock, lc.MaxHeaderBytes+1024)
 	hc.req.raw = make([]byte, 0, 1024)
 	hc.resp.raw = make([]byte, 0, 1024)
 	for {
 		if !s.waitRequest(hc) {
 			return
 		}
-		hc.bw = h1WriterPool.Get().(*bufio.Writer)
-		hc.bw.Reset(hc.c)
+		hc.bw = h1WriterPool.Get().(*wbuf)
+		hc.bw.Reset(hc.sock)
 		keep := s.serveOne(hc)
 		hc.releaseWriter()
 		if !keep || s.shutting.Load() {
@@ -171,7 +173,7 @@ func (s *h1Server) waitRequest(hc *h1Conn) bool {
 	if s.shutting.Load() {
 		return false
 	}
-	_ = hc.c.SetReadDeadline(time.Now().Add(s.route.Load().lc.IdleTimeout))
+	hc.sock.arm(s.route.Load().lc.IdleTimeout)
 	if _, err := hc.br.Peek(1); err != nil {
 		return false
 	}
@@ -187,7 +189,11 @@ func (s *h1Server) serveOne(hc *h1Conn) bool {
 	if s.accessLog.Load() {
 		start = time.Now()
 	}
-	_ = hc.c.SetReadDeadline(time.Now().Add(lc.ReadHeaderTimeout))
+	if !headBuffered(hc.br) {
+		// The rest of the head must come within the header timeout
+		// (slowloris); a head that arrived whole needs no deadline.
+		hc.sock.setDeadline(time.Now().Add(lc.ReadHeaderTimeout))
+	}
 	req := &hc.req
 	req.reset()
 	raw, err := readHead(hc.br, lc.MaxHeaderBytes, req.raw)
@@ -207,7 +213,7 @@ func (s *h1Server) serveOne(hc *h1Conn) bool {
 	if req.length > 0 || req.chunked || req.upgrade {
 		// Bodies and upgraded streams are not bound by the header timeout;
 		// without them the next wait sets a new deadline anyway.
-		_ = hc.c.SetReadDeadline(time.Time{})
+		hc.sock.setDeadline(time.Time{})
 	}
 	if lc.WriteTimeout > 0 {
 		_ = hc.c.SetWriteDeadline(time.Now().Add(lc.WriteTimeout))
@@ -238,7 +244,10 @@ func (s *h1Server) proxy(hc *h1Conn, g *Group) (int, bool) {
 	var triedBuf [4]*Server
 	tried := triedBuf[:0]
 	for attempt := 0; ; attempt++ {
-		srv, err := g.acquire(context.Background(), tried)
+		srv, err := hc.acquire(g, tried)
+		if errors.Is(err, context.Canceled) {
+			return 499, false // the client went away while held
+		}
 		if err != nil && len(tried) > 0 {
 			s.writeError(hc, http.StatusBadGateway, false, g) // every server we could try failed
 			return http.StatusBadGateway, false
@@ -267,6 +276,43 @@ func (s *h1Server) proxy(hc *h1Conn, g *Group) (int, bool) {
 		}
 		g.m.retries.WithLabelValues(g.cfg.Name).Inc()
 		tried = append(tried, srv)
+	}
+}
+
+// acquire picks a server for the request. When it has to hold (no
+// eligible server yet), it watches the client meanwhile: a client that goes
+// away ends the wait (counted in hold_cancelled_total) instead of keeping a
+// place in the hold queue until hold-timeout.
+func (hc *h1Conn) acquire(g *Group, tried []*Server) (*Server, error) {
+	if srv := g.pick(tried); srv != nil {
+		return srv, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		hc.watchClose(cancel)
+	}()
+	srv, err := g.acquire(ctx, tried)
+	hc.sock.setDeadline(time.Unix(1, 0)) // ends the watcher's read
+	<-done
+	hc.sock.setDeadline(time.Time{})
+	return srv, err
+}
+
+// watchClose reads ahead on the client connection (keeping what arrives
+// buffered for later) until it fails; an end or reset cancels the hold. It
+// stops when the buffer is full, since it can then no longer tell.
+func (hc *h1Conn) watchClose(cancel context.CancelFunc) {
+	for hc.br.Buffered() < hc.br.Size() {
+		if _, err := hc.br.Peek(hc.br.Buffered() + 1); err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				cancel()
+			}
+			return
+		}
 	}
 }
 
@@ -324,7 +370,7 @@ func (s *h1Server) exchange(hc *h1Conn, srv *Server, bc *backendConn) (outcome, 
 func (s *h1Server) sendBody(hc *h1Conn, bc *backendConn) error {
 	req := &hc.req
 	if req.length <= 0 && !req.chunked {
-		return bc.bw.Flush()
+		return bc.bw.pend() // sent by the response read (see wbuf.pend)
 	}
 	if req.expect100 {
 		// We answer the client's Expect ourselves: the backend never saw it.
@@ -343,13 +389,15 @@ func (s *h1Server) sendBody(hc *h1Conn, bc *backendConn) error {
 		// Either side may have failed; the client's reader is the likelier.
 		return errors.Join(errClientBody, err)
 	}
-	return bc.bw.Flush()
+	return bc.bw.pend()
 }
 
 // readResponseHead waits (bounded) for the backend's head, skipping 1xx.
+// The body that follows is read with the backend's read-timeout between
+// reads (bc.bodyPhase).
 func readResponseHead(bc *backendConn, resp *head, timeout time.Duration) (outcome, int, error) {
-	_ = bc.c.SetReadDeadline(time.Now().Add(timeout))
-	defer func() { _ = bc.c.SetReadDeadline(time.Time{}) }()
+	bc.sock.idle = 0
+	bc.sock.arm(timeout)
 	if _, err := bc.br.Peek(1); err != nil {
 		code := http.StatusBadGateway
 		var ne net.Error
@@ -369,6 +417,7 @@ func readResponseHead(bc *backendConn, resp *head, timeout time.Duration) (outco
 			return outFailed, http.StatusBadGateway, err
 		}
 		if resp.status >= 200 || resp.status == http.StatusSwitchingProtocols {
+			bc.bodyPhase()
 			return outDone, resp.status, nil
 		}
 	}
@@ -418,7 +467,7 @@ func (s *h1Server) writeResponseHead(hc *h1Conn, req, resp *head) bool {
 }
 
 // relayBody copies the response body with the framing chosen above.
-func relayBody(dst *bufio.Writer, src *bufio.Reader, req, resp *head) error {
+func relayBody(dst *wbuf, src *bufio.Reader, req, resp *head) error {
 	switch {
 	case !hasBody(req, resp):
 		return nil
@@ -430,14 +479,35 @@ func relayBody(dst *bufio.Writer, src *bufio.Reader, req, resp *head) error {
 		_, err := io.Copy(dst, httputil.NewChunkedReader(src))
 		return err
 	default: // close-delimited
-		_, err := io.Copy(dst, src)
-		return err
+		return copyAll(dst, src)
+	}
+}
+
+// copyAll moves src to dst until src ends, flushing before each wait.
+func copyAll(dst *wbuf, src *bufio.Reader) error {
+	for {
+		if src.Buffered() == 0 {
+			if err := dst.Flush(); err != nil {
+				return err
+			}
+			if _, err := src.Peek(1); err == io.EOF {
+				return nil
+			} else if err != nil {
+				return err
+			}
+		}
+		b, _ := src.Peek(src.Buffered())
+		w, err := dst.Write(b)
+		_, _ = src.Discard(w)
+		if err != nil {
+			return err
+		}
 	}
 }
 
 // writeRequestHead writes the request line, end-to-end headers and the
 // forwarding headers to the backend.
-func writeRequestHead(bw *bufio.Writer, req *head, ip string, upgrade bool) {
+func writeRequestHead(bw *wbuf, req *head, ip string, upgrade bool) {
 	bw.Write(req.method)
 	bw.WriteByte(' ')
 	bw.Write(req.uri)
@@ -511,7 +581,10 @@ func (s *h1Server) writeError(hc *h1Conn, code int, keep bool, g *Group) {
 // connection; after 101 it pipes raw bytes both ways. The client
 // connection ends with it.
 func (s *h1Server) upgrade(hc *h1Conn, g *Group) int {
-	srv, err := g.acquire(context.Background(), nil)
+	srv, err := hc.acquire(g, nil)
+	if errors.Is(err, context.Canceled) {
+		return 499
+	}
 	if err != nil {
 		g.m.noServer.WithLabelValues(g.cfg.Name).Inc()
 		s.writeError(hc, 503, false, g)
@@ -524,7 +597,7 @@ func (s *h1Server) upgrade(hc *h1Conn, g *Group) int {
 		s.writeError(hc, 502, false, g)
 		return 502
 	}
-	bc := newBackendConn(c)
+	bc := newBackendConn(c, g.cfg.ReadTimeout)
 	defer bc.close()
 	writeRequestHead(bc.bw, &hc.req, hc.ip, true)
 	if err := s.sendBody(hc, bc); err != nil {
@@ -550,15 +623,21 @@ func (s *h1Server) upgrade(hc *h1Conn, g *Group) int {
 	if err := hc.bw.Flush(); err != nil {
 		return 101
 	}
+	bc.sock.idle = 0 // an upgraded stream may idle as long as its ends like
+	bc.sock.setDeadline(time.Time{})
 	pipe(hc.c, hc.br, bc.c, bc.br)
 	return 101
 }
 
 // copyN moves exactly n bytes between buffered ends without allocating
-// (io.CopyN would allocate a LimitedReader per call).
-func copyN(dst *bufio.Writer, src *bufio.Reader, n int64) error {
+// (io.CopyN would allocate a LimitedReader per call). What dst holds is
+// flushed before waiting for more of src, so a slow body streams.
+func copyN(dst *wbuf, src *bufio.Reader, n int64) error {
 	for n > 0 {
 		if src.Buffered() == 0 {
+			if err := dst.Flush(); err != nil {
+				return err
+			}
 			if _, err := src.Peek(1); err != nil {
 				if err == io.EOF {
 					err = io.ErrUnexpectedEOF
@@ -579,7 +658,7 @@ func copyN(dst *bufio.Writer, src *bufio.Reader, n int64) error {
 
 // writeHeaders copies the message's headers to bw, less the hop-by-hop ones
 // and those the proxy sets itself (dropOnForward).
-func (h *head) writeHeaders(bw *bufio.Writer, request bool) {
+func (h *head) writeHeaders(bw *wbuf, request bool) {
 	for _, f := range h.hdrs {
 		if h.dropOnForward(f.name, request) {
 			continue

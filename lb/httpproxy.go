@@ -64,24 +64,30 @@ var (
 
 // backendConn is one connection to a backend with its buffers.
 type backendConn struct {
-	c  net.Conn
-	br *bufio.Reader
-	bw *bufio.Writer
+	c    net.Conn
+	sock *sockIO
+	br   *bufio.Reader
+	bw   *wbuf
+	// readTimeout bounds each read of a response body (the backend's
+	// read-timeout): a backend that sends a head and stalls is cut.
+	readTimeout time.Duration
 }
 
-func newBackendConn(c net.Conn) *backendConn {
-	bc := &backendConn{c: c}
+func newBackendConn(c net.Conn, readTimeout time.Duration) *backendConn {
+	bc := &backendConn{c: c, readTimeout: readTimeout}
+	rw := newSockIO(c)
+	bc.sock = rw
 	if v, ok := readerPool.Get().(*bufio.Reader); ok {
-		v.Reset(c)
+		v.Reset(rw)
 		bc.br = v
 	} else {
-		bc.br = bufio.NewReaderSize(c, 32<<10) // a 16 KiB response in one read
+		bc.br = bufio.NewReaderSize(rw, 32<<10) // a 16 KiB response in one read
 	}
-	if v, ok := writerPool.Get().(*bufio.Writer); ok {
-		v.Reset(c)
+	if v, ok := writerPool.Get().(*wbuf); ok {
+		v.Reset(rw)
 		bc.bw = v
 	} else {
-		bc.bw = bufio.NewWriterSize(c, 8192)
+		bc.bw = newWbuf(rw, 8192)
 	}
 	return bc
 }
@@ -97,6 +103,12 @@ func (bc *backendConn) close() {
 	}
 }
 
+// bodyPhase gives every further read the backend's read-timeout (armed
+// by the read itself: a body already buffered needs none).
+func (bc *backendConn) bodyPhase() {
+	bc.sock.idle = bc.readTimeout
+}
+
 // alive tells whether an idle pooled connection was closed by the backend,
 // without consuming data. Used before sending a non-idempotent request on a
 // reused connection, which could not be replayed if it turned out stale.
@@ -104,9 +116,9 @@ func (bc *backendConn) alive() bool {
 	if bc.br.Buffered() > 0 {
 		return false // unsolicited bytes: the connection is out of sync
 	}
-	_ = bc.c.SetReadDeadline(time.Now().Add(time.Microsecond))
+	bc.sock.idle = 0
+	bc.sock.setDeadline(time.Now().Add(time.Microsecond))
 	_, err := bc.br.Peek(1)
-	_ = bc.c.SetReadDeadline(time.Time{})
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }
@@ -231,7 +243,7 @@ func (s *Server) conn(ctx context.Context, idem, fresh bool) (bc *backendConn, r
 		s.group.lg.Debug("connect failed", zap.String("server", s.name), zap.Error(err))
 		return nil, false, err
 	}
-	return newBackendConn(c), false, nil
+	return newBackendConn(c, s.group.cfg.ReadTimeout), false, nil
 }
 
 // staleRetry reports whether an attempt failed only because a pooled
@@ -265,7 +277,7 @@ func (p *httpProxy) exchange(w http.ResponseWriter, r *http.Request, s *Server, 
 	s.countResponse(resp.StatusCode)
 	copyHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
-	if err := copyBody(w, resp.Body, resp.ContentLength < 0); err != nil {
+	if err := copyBody(w, resp.Body, bc.br, resp.ContentLength < 0); err != nil {
 		bc.close()
 		return outAborted, resp.StatusCode, err
 	}
@@ -279,7 +291,8 @@ func (p *httpProxy) exchange(w http.ResponseWriter, r *http.Request, s *Server, 
 
 // readResponse waits (bounded) for the response head, skipping interim 1xx.
 func readResponse(bc *backendConn, r *http.Request, timeout time.Duration) (*http.Response, outcome, int, error) {
-	_ = bc.c.SetReadDeadline(time.Now().Add(timeout))
+	bc.sock.idle = 0
+	bc.sock.arm(timeout)
 	if _, err := bc.br.Peek(1); err != nil {
 		code := http.StatusBadGateway
 		var ne net.Error
@@ -294,7 +307,7 @@ func readResponse(bc *backendConn, r *http.Request, timeout time.Duration) (*htt
 			return nil, outFailed, http.StatusBadGateway, err
 		}
 		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
-			_ = bc.c.SetReadDeadline(time.Time{})
+			bc.bodyPhase()
 			return resp, outDone, resp.StatusCode, nil
 		}
 	}
@@ -303,7 +316,7 @@ func readResponse(bc *backendConn, r *http.Request, timeout time.Duration) (*htt
 // writeRequest writes the request head and streams its body. With upgrade
 // the Connection/Upgrade pair is kept (WebSocket); otherwise hop-by-hop
 // headers are dropped and the connection is kept alive.
-func writeRequest(bw *bufio.Writer, r *http.Request, tlsIn, upgrade bool) error {
+func writeRequest(bw *wbuf, r *http.Request, tlsIn, upgrade bool) error {
 	uri := r.RequestURI
 	if uri == "" || uri[0] != '/' && uri != "*" {
 		uri = r.URL.RequestURI()
@@ -349,7 +362,7 @@ func writeRequest(bw *bufio.Writer, r *http.Request, tlsIn, upgrade bool) error 
 	return bw.Flush()
 }
 
-func writeBody(bw *bufio.Writer, r *http.Request) error {
+func writeBody(bw *wbuf, r *http.Request) error {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	var dst io.Writer = bw
@@ -384,7 +397,7 @@ func writeBody(bw *bufio.Writer, r *http.Request) error {
 }
 
 // writeForwarded adds X-Forwarded-For (appended), -Proto, -Host and X-Real-IP.
-func writeForwarded(bw *bufio.Writer, r *http.Request, tlsIn bool) {
+func writeForwarded(bw *wbuf, r *http.Request, tlsIn bool) {
 	ip := r.RemoteAddr
 	if h, _, err := net.SplitHostPort(ip); err == nil {
 		ip = h
@@ -406,7 +419,7 @@ func writeForwarded(bw *bufio.Writer, r *http.Request, tlsIn bool) {
 	bw.WriteString("\r\n")
 }
 
-func writeHeaderLine(bw *bufio.Writer, k, v string) {
+func writeHeaderLine(bw *wbuf, k, v string) {
 	bw.WriteString(k)
 	bw.WriteString(": ")
 	bw.WriteString(v)
@@ -424,9 +437,10 @@ func copyHeader(dst, src http.Header) {
 	}
 }
 
-// copyBody relays a response body with a pooled buffer; flush streams
-// bodies of unknown length (SSE, chunked) as they arrive.
-func copyBody(w http.ResponseWriter, body io.ReadCloser, flush bool) error {
+// copyBody relays a response body with a pooled buffer. It flushes what
+// it wrote when the backend has nothing more buffered (so a slow body
+// streams) and, with flush, after every write (SSE, chunked).
+func copyBody(w http.ResponseWriter, body io.ReadCloser, src *bufio.Reader, flush bool) error {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
@@ -437,7 +451,7 @@ func copyBody(w http.ResponseWriter, body io.ReadCloser, flush bool) error {
 			if _, err := w.Write(buf[:n]); err != nil {
 				return errors.Join(errClientGone, err)
 			}
-			if flush && fl != nil {
+			if fl != nil && (flush || rerr == nil && src.Buffered() == 0) {
 				fl.Flush()
 			}
 		}
@@ -487,7 +501,7 @@ func (p *httpProxy) serveUpgrade(w http.ResponseWriter, r *http.Request, g *Grou
 		http.Error(w, "bad gateway", http.StatusBadGateway)
 		return http.StatusBadGateway
 	}
-	bc := newBackendConn(c)
+	bc := newBackendConn(c, s.group.cfg.ReadTimeout)
 	defer bc.close()
 	if err := writeRequest(bc.bw, r, p.tls, true); err != nil {
 		s.noteFailure()
@@ -504,7 +518,7 @@ func (p *httpProxy) serveUpgrade(w http.ResponseWriter, r *http.Request, g *Grou
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		copyHeader(w.Header(), resp.Header)
 		w.WriteHeader(resp.StatusCode)
-		_ = copyBody(w, resp.Body, true)
+		_ = copyBody(w, resp.Body, bc.br, true)
 		return resp.StatusCode
 	}
 	cc, brw, err := http.NewResponseController(w).Hijack()
@@ -512,6 +526,8 @@ func (p *httpProxy) serveUpgrade(w http.ResponseWriter, r *http.Request, g *Grou
 		return http.StatusInternalServerError
 	}
 	defer cc.Close()
+	bc.sock.idle = 0 // an upgraded stream may idle as long as its ends like
+	bc.sock.setDeadline(time.Time{})
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\n")
 	resp.Header.Write(brw)
 	brw.WriteString("\r\n")

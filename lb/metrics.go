@@ -16,6 +16,7 @@ type Metrics struct {
 	dualActive     *prometheus.CounterVec
 	holdWait       *prometheus.HistogramVec
 	holdTimeouts   *prometheus.CounterVec
+	holdCancelled  *prometheus.CounterVec
 	tcpSessions    *prometheus.CounterVec
 	tcpKilled      *prometheus.CounterVec
 	tcpRefused     *prometheus.CounterVec
@@ -47,10 +48,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, b),
 		holdTimeouts: counterVec("hold_timeouts_total", "Requests that waited hold-timeout and got 503.", b),
-		tcpSessions:  counterVec("tcp_sessions_total", "TCP sessions forwarded.", bs),
-		tcpKilled:    counterVec("tcp_sessions_shutdown_total", "TCP sessions closed because their server was marked down.", b),
-		tcpRefused:   counterVec("tcp_refused_total", "TCP connections refused because no server qualified.", b),
-		reloads:      counterVec("reloads_total", "Configuration reloads by result.", []string{"result"}),
+		holdCancelled: counterVec("hold_cancelled_total",
+			"Held requests given up because their client went away before a server was eligible.", b),
+		tcpSessions: counterVec("tcp_sessions_total", "TCP sessions forwarded.", bs),
+		tcpKilled:   counterVec("tcp_sessions_shutdown_total", "TCP sessions closed because their server was marked down.", b),
+		tcpRefused:  counterVec("tcp_refused_total", "TCP connections refused because no server qualified.", b),
+		reloads:     counterVec("reloads_total", "Configuration reloads by result.", []string{"result"}),
 		etcdUp: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "hapair", Subsystem: "lb",
 			Name: "etcd_watch_up", Help: "1 while the etcd active key is being followed."}),
 		fastPathEvents: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "hapair", Subsystem: "lb",
@@ -58,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		state: &stateCollector{},
 	}
 	reg.MustRegister(m.requests, m.responses, m.errors, m.retries, m.noServer, m.checks, m.stateChanges,
-		m.dualActive, m.holdWait, m.holdTimeouts, m.tcpSessions, m.tcpKilled, m.tcpRefused, m.reloads,
+		m.dualActive, m.holdWait, m.holdTimeouts, m.holdCancelled, m.tcpSessions, m.tcpKilled, m.tcpRefused, m.reloads,
 		m.etcdUp, m.fastPathEvents, m.state)
 	return m
 }

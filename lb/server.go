@@ -273,7 +273,11 @@ func (p *connPool) put(bc *backendConn) {
 		bc.close()
 		return
 	}
-	p.idle = append(p.idle, idleConn{bc: bc, idleAt: time.Now()})
+	at := bc.sock.now // read when the response was awaited: recent enough
+	if at.IsZero() {
+		at = time.Now()
+	}
+	p.idle = append(p.idle, idleConn{bc: bc, idleAt: at})
 	p.mu.Unlock()
 }
 

@@ -1,0 +1,206 @@
+package lb
+
+import (
+	"io"
+	"net"
+	"syscall"
+	"time"
+)
+
+// sockIO reads and writes a TCP connection with direct non-blocking system
+// calls, parking on Go's netpoller (deadlines and Close still apply) only
+// when the socket is not ready.
+//
+// Why: a socket read or write through net.Conn enters the scheduler's
+// syscall state; when the kernel preempts the thread inside it (a loopback
+// write wakes the peer, which often runs first), sysmon sees a P stuck in a
+// syscall, hands it to another thread, and keeps polling every 20 µs. With
+// one or two Ps that thread ping-pong cost ~30 % of the proxy's CPU per
+// small request. A non-blocking socket call never blocks, so it may run
+// without entering that state (see sysRead/sysWrite; race builds use the
+// annotated calls so the race detector keeps its view of I/O ordering).
+type sockIO struct {
+	c  net.Conn
+	rc syscall.RawConn // nil: plain c.Read/c.Write
+
+	// Read deadline bookkeeping: dl is the deadline set on c (zero: none);
+	// idle, when set, gives every read a deadline of idle from its start.
+	dl   time.Time
+	idle time.Duration
+	now  time.Time // when arm last read the clock (a cheap recent time)
+
+	// State of the call in progress, kept here so the callbacks are bound
+	// once per connection instead of allocating a closure per call.
+	rfn, wfn, ofn func(fd uintptr) bool
+	buf           []byte
+	n             int
+	err           error
+
+	// out is sent at the start of the next Read, which then waits for the
+	// answer without a read attempt (see wbuf.pend). Only for backend
+	// connections: a backend speaks only when asked, so readiness that
+	// arrived before that Read (and is forgotten when it starts) cannot be
+	// an answer; a client may pipeline, so its reads always try first.
+	out []byte
+}
+
+// newSockIO returns the I/O of c: raw when c offers it, else c's own.
+func newSockIO(c net.Conn) *sockIO {
+	s := &sockIO{c: c}
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			s.rc = rc
+		}
+	}
+	s.rfn, s.wfn, s.ofn = s.doRead, s.doWrite, s.doOut
+	return s
+}
+
+// setDeadline sets the read deadline of c (zero: none) and remembers it.
+func (s *sockIO) setDeadline(t time.Time) {
+	if t.Equal(s.dl) {
+		return
+	}
+	s.dl = t
+	_ = s.c.SetReadDeadline(t)
+}
+
+// arm makes the read deadline d from now, coarsely: a deadline already set
+// that is at most a small slack earlier is kept. Setting a deadline costs a
+// timer update in the runtime; a busy keep-alive connection would pay it
+// twice per request for nothing.
+func (s *sockIO) arm(d time.Duration) {
+	if d <= 0 {
+		s.setDeadline(time.Time{})
+		return
+	}
+	s.now = time.Now()
+	want := s.now.Add(d)
+	if !s.dl.IsZero() && !s.dl.After(want) && want.Sub(s.dl) <= min(d/16, 250*time.Millisecond) {
+		return
+	}
+	s.setDeadline(want)
+}
+
+func (s *sockIO) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if s.idle > 0 {
+		s.arm(s.idle)
+	}
+	if s.rc == nil {
+		if len(s.out) > 0 {
+			out := s.out
+			s.out = nil
+			if _, err := s.c.Write(out); err != nil {
+				return 0, err
+			}
+		}
+		return s.c.Read(p)
+	}
+	s.buf, s.n, s.err = p, 0, nil
+	err := s.rc.Read(s.rfn)
+	if err == nil && s.err == nil && len(s.out) > 0 {
+		// The socket buffer filled while sending: finish the usual way.
+		if err = s.rc.Write(s.ofn); err == nil && s.err == nil {
+			err = s.rc.Read(s.rfn)
+		}
+	}
+	s.out = nil
+	n, rerr := s.n, s.err
+	s.buf, s.err = nil, nil
+	if err != nil {
+		return n, err // deadline passed or connection closed
+	}
+	return n, rerr
+}
+
+func (s *sockIO) doRead(fd uintptr) bool {
+	if len(s.out) > 0 {
+		// The poller's readiness was reset just before this callback, so
+		// an answer to what we send now wakes us: wait without reading.
+		return !s.sendOut(fd) || s.err != nil
+	}
+	for {
+		n, errno := sysRead(fd, s.buf)
+		switch errno {
+		case 0:
+			s.n = n
+			if n == 0 {
+				s.err = io.EOF
+			}
+			return true
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false // park until readable
+		default:
+			s.err = &net.OpError{Op: "read", Net: "tcp", Err: errno}
+			return true
+		}
+	}
+}
+
+// setOut leaves p to be sent by the next Read before it waits.
+func (s *sockIO) setOut(p []byte) { s.out = p }
+
+// sendOut writes pending bytes; false when the socket would block (or on
+// an error, recorded in s.err).
+func (s *sockIO) sendOut(fd uintptr) bool {
+	for len(s.out) > 0 {
+		n, errno := sysWrite(fd, s.out)
+		switch errno {
+		case 0:
+			s.out = s.out[n:]
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			s.err = &net.OpError{Op: "write", Net: "tcp", Err: errno}
+			s.out = nil
+			return false
+		}
+	}
+	return true
+}
+
+func (s *sockIO) doOut(fd uintptr) bool { return s.sendOut(fd) || s.err != nil }
+
+// Write writes all of p (parking while the socket buffer is full).
+func (s *sockIO) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if s.rc == nil {
+		return s.c.Write(p)
+	}
+	s.buf, s.n, s.err = p, 0, nil
+	err := s.rc.Write(s.wfn)
+	n, werr := s.n, s.err
+	s.buf, s.err = nil, nil
+	if err == nil {
+		err = werr
+	}
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	return n, err
+}
+
+func (s *sockIO) doWrite(fd uintptr) bool {
+	for s.n < len(s.buf) {
+		n, errno := sysWrite(fd, s.buf[s.n:])
+		switch errno {
+		case 0:
+			s.n += n
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false // park until writable, then go on
+		default:
+			s.err = &net.OpError{Op: "write", Net: "tcp", Err: errno}
+			return true
+		}
+	}
+	return true
+}
