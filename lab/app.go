@@ -231,6 +231,9 @@ func (a *App) insert(ctx context.Context, id int64) error {
 	if err == nil || !pooled {
 		return err
 	}
+	// Logged for post-mortems: a retry costs a cold connection.
+	fmt.Fprintf(os.Stderr, "%s write %d: pooled connection failed (%v), retrying on a new one\n",
+		time.Now().Format("15:04:05.000"), id, err)
 	if c, err = pgx.Connect(ctx, a.dsn); err != nil {
 		return err
 	}
