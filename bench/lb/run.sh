@@ -14,7 +14,8 @@
 #   100ms fall 2 rise 1, and through hapair-lb with checks alone (100ms, 2, 1)
 #   and with the etcd fast path (Debian etcd-server) at inter 2s fall 2 rise 2.
 #
-# Knobs: DUR (s per wrk run, 5), ROUNDS (3), CONNS (50), WRK_THREADS (2), FLIPS (10).
+# Knobs: DUR (s per wrk run, 5), ROUNDS (3), CONNS (50), WRK_THREADS (2), FLIPS (10),
+#   HLB_ENV (extra environment for hapair-lb, e.g. "GOGC=400").
 # Packages: nginx-light (or nginx), haproxy, wrk, etcd-server; Go to build.
 set -euo pipefail
 PART=${1:-all}
@@ -162,7 +163,7 @@ backends:
     servers:
       - {name: s1, address: "$BE"}
 EOF
-		start hlb env GOMAXPROCS="$n" "$W/hapair-lb" --config "$W/lb.yaml"
+		start hlb env GOMAXPROCS="$n" ${HLB_ENV:-} "$W/hapair-lb" --config "$W/lb.yaml"
 		PROXY_PID=$PID_hlb; PROXY_ADDR=$HLB ;;
 	esac
 	wait_port "$PROXY_ADDR"
