@@ -32,6 +32,10 @@ func (l *Lab) CtlConfig() ctl.Config {
 		}
 		cfg.Nodes = append(cfg.Nodes, n)
 	}
+	// The step-down only pays where the balancer holds requests for the new
+	// node; without a hold it lengthens the outage.
+	hold, _ := time.ParseDuration(l.Opt.Hold)
+	cfg.StepDown = hold > 0
 	if l.Bin(BinLB) != "" {
 		cfg.LB.AdminURL = fmt.Sprintf("http://%s:%d", IP(LB), LBAdminPort)
 		cfg.LB.URL = fmt.Sprintf("http://%s:%d", IP(LB), LBWebPort)

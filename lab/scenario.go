@@ -303,10 +303,14 @@ func (l *Lab) lbDualActive(backend string) (float64, error) {
 	return total, sc.Err()
 }
 
-// SetHold rewrites the lb's hold timeout and reloads it (SIGHUP).
+// SetHold rewrites the lb's hold timeout and reloads it (SIGHUP); ctl.yaml
+// follows (step-down with a hold only).
 func (l *Lab) SetHold(ctx context.Context, hold string) error {
 	l.Opt.Hold = hold
 	if _, err := l.lbConfig(); err != nil {
+		return err
+	}
+	if err := l.writeCtlConfig(); err != nil {
 		return err
 	}
 	if err := l.Signal(LB, ProcLB, syscall.SIGHUP); err != nil {

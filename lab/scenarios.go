@@ -108,7 +108,6 @@ func switchoverOnce(ctx context.Context, l *Lab, r *Result, label, to string) {
 	time.Sleep(300 * time.Millisecond) // writes before the switchover
 	t0 := time.Now()
 	c := l.Ctl()
-	c.Cfg.StepDown = label == "hold on" // it only pays where the balancer holds
 	res, err := c.Switchover(ctx, to, l.Out)
 	if err == nil {
 		err = l.WaitSettled(ctx, to, 30*time.Second)
