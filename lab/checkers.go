@@ -356,6 +356,21 @@ func (l *Lab) AuditWrites(ctx context.Context, primary string, samples []ctl.Sam
 	return a, nil
 }
 
+// AuditSettled audits until no acknowledged file is missing from both the
+// primary's synced dir and the quarantines, or until timeout: the files a
+// node wrote but never delivered reach its quarantine only when the new
+// ACTIVE next reconciles with it (its sender retries with backoff after a
+// heal or a restart).
+func (l *Lab) AuditSettled(ctx context.Context, primary string, samples []ctl.Sample, timeout time.Duration) (Audit, error) {
+	var a Audit
+	var err error
+	poll(ctx, timeout, 250*time.Millisecond, func() bool {
+		a, err = l.AuditWrites(ctx, primary, samples)
+		return err == nil && len(a.LostFiles) == 0
+	})
+	return a, err
+}
+
 // listFiles returns the regular files under dir (none if it is missing).
 func listFiles(dir string) []string {
 	var out []string

@@ -337,15 +337,8 @@ func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
 	if err := l.WaitSettled(ctx, NodeB, 90*time.Second); err != nil {
 		r.fail("after heal: %v", err)
 	}
-	// The files the isolated node wrote reach its quarantine when nodeb's
-	// sender next reconciles with it (it retries with backoff after the heal).
-	var a Audit
-	var err error
 	t1 := time.Now()
-	poll(ctx, 30*time.Second, 250*time.Millisecond, func() bool {
-		a, err = l.AuditWrites(ctx, NodeB, pr.probe.Samples())
-		return err == nil && len(a.LostFiles) == 0
-	})
+	a, err := l.AuditSettled(ctx, NodeB, pr.probe.Samples(), 30*time.Second)
 	if err != nil {
 		r.fail("audit: %v", err)
 		return
@@ -593,7 +586,7 @@ func Soak(ctx context.Context, opt Options, d time.Duration, w io.Writer) error 
 	samples := pr.probe.Samples()
 	dual, rounds := pr.ha.Dual()
 	leader, _ := l.Ctl().Leader(ctx)
-	a, aerr := l.AuditWrites(ctx, leader, samples)
+	a, aerr := l.AuditSettled(ctx, leader, samples, 30*time.Second)
 	rep := ctl.Analyze(samples, pr.start)
 	fmt.Fprintf(w, "\n=== soak summary (%s)\nfaults injected: %v\n", d, faults)
 	fmt.Fprintf(w, "dual-ACTIVE rounds (10 ms checker): %d of %d\n", dual, rounds)
