@@ -189,7 +189,6 @@ func newClient() *http.Client {
 }
 
 func durPtr(d time.Duration) *time.Duration { return &d }
-func intPtr(n int) *int                     { return &n }
 
 // counterValue reads a counter without client_golang's testutil.
 func counterValue(c prometheus.Counter) float64 {

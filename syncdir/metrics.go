@@ -1,7 +1,6 @@
 package syncdir
 
 import (
-	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -106,14 +105,5 @@ func copyCounts(mu *sync.Mutex, m map[string]uint64) map[string]uint64 {
 	for k, v := range m {
 		out[k] = v
 	}
-	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
 	return out
 }

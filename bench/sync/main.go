@@ -428,11 +428,10 @@ func (passive) Holding() bool              { return false }
 func (passive) ActiveEpoch() (int64, bool) { return 0, false }
 
 type pair struct {
-	snd, rcv         *syncdir.Syncer
-	cancel           context.CancelFunc
-	done             chan struct{}
-	src, dst         string
-	sndState, rState string
+	snd, rcv *syncdir.Syncer
+	cancel   context.CancelFunc
+	done     chan struct{}
+	src, dst string
 }
 
 func startPair(dir, name string, tlsc config.TLS, src string) (*pair, error) {
