@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 )
 
 // A batch put carries many small files in one request, so a burst costs a
@@ -24,6 +25,7 @@ import (
 //	PUT /v1/batch/<root>?n=N
 //	body = N times: header line "\n"-terminated + content
 //	header = path=P&mode=0644&mtime=NS&size=S[&uid=U&gid=G] (URL query syntax)
+//	         or "skip=1": no file (the sender could not read it after all)
 //
 // The receiver writes every file to a temp file, fsyncs them all together,
 // renames them, fsyncs each parent directory once, and only then answers
@@ -38,6 +40,14 @@ const (
 	batchMaxBody     = 24 << 20 // receiver's cap on a whole batch body
 	batchSyncWorkers = 64       // fsyncs in flight per batch
 )
+
+// batchSkip stands in for a file the sender announced in n but could not
+// read when its turn came: the body is streamed, so n is fixed before the
+// files are read.
+const batchSkip = "skip=1\n"
+
+// errSkipped marks a skip entry: nothing to do, nothing to count.
+var errSkipped = errors.New("syncdir: skipped by the sender")
 
 // batchResult is the receiver's verdict on one file of a batch.
 type batchResult struct {
@@ -86,6 +96,9 @@ func readBatchHeader(br *bufio.Reader, batch request) (q request, ferr error, er
 	case err != nil:
 		return q, nil, fmt.Errorf("read batch: %w", err)
 	}
+	if string(line) == batchSkip {
+		return request{op: opPut, root: batch.root, epoch: batch.epoch, node: batch.node}, errSkipped, nil
+	}
 	v, err := url.ParseQuery(string(bytes.TrimSuffix(line, []byte("\n"))))
 	if err != nil {
 		return q, nil, refuse("bad-request", http.StatusBadRequest, "bad batch header: %v", err)
@@ -111,24 +124,37 @@ func readBatchHeader(br *bufio.Reader, batch request) (q request, ferr error, er
 // batchItem is one file of a batch on its way through the receiver.
 type batchItem struct {
 	q   request
-	tmp string   // temp file, "" once renamed or removed
+	dir *os.File // its directory, from the batch's dirSet
+	tmp string   // temp file name in dir, "" once renamed or removed
 	f   *os.File // open until synced
+	ent entry    // the temp file as written, recorded once it is in place
 	err error
 }
 
 func (s *Syncer) recvBatch(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
-	items, err := s.readBatch(w, r, rt, q)
+	var tl [4]time.Time
+	tl[0] = time.Now()
+	dirs := newDirSet(rt)
+	defer dirs.close()
+	items, err := s.readBatch(w, r, rt, q, dirs)
 	if err != nil {
 		for i := range items {
-			items[i].discard(rt)
+			items[i].discard()
 		}
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 			return refuse("too-large", http.StatusRequestEntityTooLarge, "batch body over %d bytes", mbe.Limit)
 		}
 		return err
 	}
+	tl[1] = time.Now()
 	syncBatch(rt, items)
+	tl[2] = time.Now()
 	s.commitBatch(rt, items)
+	tl[3] = time.Now()
+	if ce := s.lg.Check(zap.DebugLevel, "sync batch applied"); ce != nil {
+		ce.Write(zap.Int("files", len(items)), zap.Bool("syncfs", rt.bySyncfs(len(items))), zap.Time("start", tl[0]),
+			zap.Duration("read", tl[1].Sub(tl[0])), zap.Duration("durable", tl[2].Sub(tl[1])), zap.Duration("renamed", tl[3].Sub(tl[2])))
+	}
 	resp := batchResp{Results: make([]batchResult, len(items))}
 	for i := range items {
 		resp.Results[i] = s.batchVerdict(r, rt, &items[i])
@@ -138,9 +164,11 @@ func (s *Syncer) recvBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 }
 
 // readBatch writes every file of the body to its temp file.
-func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState, q request) ([]batchItem, error) {
+func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState, q request, dirs *dirSet) ([]batchItem, error) {
 	br := bufio.NewReaderSize(http.MaxBytesReader(w, r.Body, batchMaxBody), batchMaxHeader)
 	items := make([]batchItem, 0, q.count)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
 	for range q.count {
 		fq, ferr, err := readBatchHeader(br, q)
 		if err != nil {
@@ -149,7 +177,7 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 		it := batchItem{q: fq, err: ferr}
 		body := &io.LimitedReader{R: br, N: fq.size}
 		if it.err == nil {
-			it.err = s.prepBatchFile(rt, &it, body)
+			it.err = s.prepBatchFile(rt, &it, body, dirs, *bp)
 		}
 		if it.f != nil && rt.bySyncfs(q.count) {
 			// syncfs needs no descriptor: do not hold hundreds open.
@@ -158,7 +186,7 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 			}
 			it.f = nil
 		}
-		if _, err := io.Copy(io.Discard, body); err != nil {
+		if _, err := io.CopyBuffer(io.Discard, body, *bp); err != nil {
 			items = append(items, it)
 			return items, fmt.Errorf("read batch: %w", err)
 		}
@@ -177,45 +205,76 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 
 // prepBatchFile writes one file to a temp file next to its final name; the
 // file stays open for syncBatch.
-func (s *Syncer) prepBatchFile(rt *rootState, it *batchItem, body io.Reader) error {
+func (s *Syncer) prepBatchFile(rt *rootState, it *batchItem, body io.Reader, dirs *dirSet, buf []byte) error {
 	q := it.q
 	if rt.ex.matchAny(q.path, false) {
 		return refuse("excluded", http.StatusBadRequest, "path %q is excluded here", q.path)
 	}
-	if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
-		return err
-	}
-	tmp := tempName(path.Dir(q.path))
-	f, err := rt.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	dir := path.Dir(q.path)
+	d, err := dirs.open(dir)
 	if err != nil {
-		return fmt.Errorf("create temp: %w", err)
+		// Missing, or a symlink or a file in the way: the slow path makes
+		// the parents (or says why it will not).
+		if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
+			return err
+		}
+		if d, err = dirs.open(dir); err != nil {
+			return err
+		}
 	}
-	it.tmp, it.f = tmp, f
-	if err := setOwner(f.Chown, q); err != nil {
+	f, tmp, err := createIn(d, q.mode)
+	if err != nil {
 		return err
 	}
-	n, err := io.Copy(f, body)
+	it.dir, it.tmp, it.f = d, tmp, f
+	// A plain writer: *os.File's ReadFrom would allocate a buffer per file.
+	n, err := io.CopyBuffer(struct{ io.Writer }{f}, body, buf)
 	if err != nil {
 		return fmt.Errorf("write: %w", err)
 	}
 	if n != q.size {
 		return fmt.Errorf("write: body ended after %d of %d bytes: %w", n, q.size, io.ErrUnexpectedEOF)
 	}
-	if err := f.Chmod(fileMode(q.mode)); err != nil {
+	if err := setMtime(f, q.mtime); err != nil {
 		return err
 	}
-	t := time.Unix(0, q.mtime)
-	return rt.root.Chtimes(tmp, t, t)
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	it.ent, err = fixOwnerMode(f, entryOf(fi), q)
+	return err
+}
+
+// fixOwnerMode gives the new file f (now as e) the owner and mode of q
+// where they differ, and returns its entry. Usually they already match (the
+// same owner, the mode it was created with), which spares two inode updates
+// per file; chown comes first because it clears setuid bits.
+func fixOwnerMode(f *os.File, e entry, q request) (entry, error) {
+	chowned := false
+	if q.owner && canChown && (e.Uid != q.uid || e.Gid != q.gid) {
+		if err := setOwner(f.Chown, q); err != nil {
+			return e, err
+		}
+		e.Uid, e.Gid, chowned = q.uid, q.gid, true
+	}
+	if chowned || e.Mode != q.mode {
+		if err := f.Chmod(fileMode(q.mode)); err != nil {
+			return e, err
+		}
+		e.Mode = q.mode
+	}
+	return e, nil
 }
 
 // discard removes what is left of a failed (or unsent) file.
-func (it *batchItem) discard(rt *rootState) {
+func (it *batchItem) discard() {
 	if it.f != nil {
 		it.f.Close()
 		it.f = nil
 	}
 	if it.tmp != "" {
-		rt.root.Remove(it.tmp)
+		unix.Unlinkat(int(it.dir.Fd()), it.tmp, 0)
 		it.tmp = ""
 	}
 }
@@ -267,31 +326,34 @@ func syncBatch(rt *rootState, items []batchItem) {
 // commitBatch renames the durable files into place (quarantining what
 // they replace when the peer never had it) and fsyncs each directory once.
 func (s *Syncer) commitBatch(rt *rootState, items []batchItem) {
-	dirs := map[string][]*batchItem{}
+	dirs := map[*os.File][]*batchItem{}
 	for i := range items {
 		it := &items[i]
 		if it.err != nil {
-			it.discard(rt)
+			it.discard()
 			continue
 		}
-		err := s.makeRoom(rt, it.q.path, it.q.epoch, false)
+		name := path.Base(it.q.path)
+		taken, err := existsIn(it.dir, name)
+		if err == nil && taken {
+			err = s.makeRoom(rt, it.q.path, it.q.epoch, false)
+		}
 		if err == nil {
-			err = rt.root.Rename(it.tmp, it.q.path)
+			err = renameIn(it.dir, it.tmp, name)
 		}
 		if err != nil {
 			it.err = err
-			it.discard(rt)
+			it.discard()
 			continue
 		}
 		it.tmp = ""
-		d := path.Dir(it.q.path)
-		dirs[d] = append(dirs[d], it)
+		dirs[it.dir] = append(dirs[it.dir], it)
 	}
 	syncBatchDirs(rt, dirs)
 	for _, its := range dirs {
 		for _, it := range its {
 			if it.err == nil {
-				s.remember(rt, it.q.path)
+				rt.rec.set(it.q.path, it.ent) // renamed: same inode, size and times
 				s.countReceived(it.q.size)
 			}
 		}
@@ -300,7 +362,7 @@ func (s *Syncer) commitBatch(rt *rootState, items []batchItem) {
 
 // syncBatchDirs makes the renames durable: one syncfs for a big batch,
 // else one fsync per directory, in parallel.
-func syncBatchDirs(rt *rootState, dirs map[string][]*batchItem) {
+func syncBatchDirs(rt *rootState, dirs map[*os.File][]*batchItem) {
 	n := 0
 	for _, its := range dirs {
 		n += len(its)
@@ -323,7 +385,13 @@ func syncBatchDirs(rt *rootState, dirs map[string][]*batchItem) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := syncRootDir(rt, d); err != nil {
+			err := groupSync(rt, "dir:"+d.Name(), func() error {
+				if err := d.Sync(); err != nil {
+					return fmt.Errorf("fsync dir: %w", err)
+				}
+				return nil
+			})
+			if err != nil {
 				fail(its, err)
 			}
 		}()
@@ -334,8 +402,11 @@ func syncBatchDirs(rt *rootState, dirs map[string][]*batchItem) {
 // batchVerdict turns one file's outcome into its result, counting and
 // logging failures as a single request's would be.
 func (s *Syncer) batchVerdict(r *http.Request, rt *rootState, it *batchItem) batchResult {
-	if it.err == nil {
+	switch {
+	case it.err == nil:
 		return batchResult{Status: http.StatusOK}
+	case errors.Is(it.err, errSkipped):
+		return batchResult{Status: http.StatusNoContent, Reason: "skipped"}
 	}
 	var rf *refusal
 	if errors.As(it.err, &rf) {

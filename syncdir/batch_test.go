@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -302,5 +304,92 @@ func TestBatchHeaderDecoding(t *testing.T) {
 	}
 	if _, err := url.ParseQuery(string(appendBatchHeader(nil, "a b/c&d", entry{Size: 1}))); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A streamed batch announces its files before reading them: one that has
+// vanished by its turn goes as a skip entry, one that grew past the batch
+// limit goes on its own, and the others land.
+func TestBatchStreamSkips(t *testing.T) {
+	a, b, p := pair(t)
+	a.fence.set(true, 5) // may push; the sender loop is not started
+	eventually(t, 5*time.Second, "a running", func() bool {
+		a.s.mu.Lock() // Run opens the roots before it sets runCtx
+		defer a.s.mu.Unlock()
+		return a.s.runCtx != nil
+	})
+	os.MkdirAll(filepath.Join(a.root, "s"), 0o755)
+	writeFile(t, filepath.Join(a.root, "s", "one"), "1", 0o644)
+	writeFile(t, filepath.Join(a.root, "s", "three"), strings.Repeat("3", batchFileMax+1), 0o640)
+	writeFile(t, filepath.Join(a.root, "s", "four"), "4444", 0o600)
+	var jobs []job
+	for _, n := range []string{"zero", "one", "two", "three", "four"} {
+		jobs = append(jobs, job{kind: jobPut, k: key{0, "s/" + n}})
+	}
+	res := a.s.sendBatch(t.Context(), a.s.roots[0], jobs)
+	for i, want := range []bool{false, true, false, true, true} {
+		if ok := res[i].err == nil; ok != want {
+			t.Errorf("%s: err %v", jobs[i].k.rel, res[i].err)
+		}
+	}
+	for _, i := range []int{0, 2} {
+		if !errors.Is(res[i].err, fs.ErrNotExist) {
+			t.Errorf("%s: err %v, want not-exist", jobs[i].k.rel, res[i].err)
+		}
+	}
+	for _, n := range []string{"one", "three", "four"} {
+		if got, want := readFile(filepath.Join(b.root, "s", n)), readFile(filepath.Join(a.root, "s", n)); got != want {
+			t.Errorf("%s on the target: %d bytes, want %d", n, len(got), len(want))
+		}
+	}
+	if fileExists(filepath.Join(b.root, "s", "zero")) || fileExists(filepath.Join(b.root, "s", "two")) {
+		t.Error("a skipped file exists on the target")
+	}
+	// A hand-made batch with a skip entry: nothing to do, nothing refused.
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	body := append(batchBody([]batchFile{{path: "k-1", content: "k", mode: 0o644}}), batchSkip...)
+	st, rs := h.batch("5", 2, body)
+	if st != 200 || len(rs) != 2 || rs[0].Status != 200 || rs[1].Status != http.StatusNoContent {
+		t.Fatalf("batch with a skip: %d %+v", st, rs)
+	}
+	if got := b.s.Status().Rejected; len(got) != 0 {
+		t.Errorf("rejected: %v", got)
+	}
+	noTempFiles(t, b.root)
+}
+
+// A batch file keeps its owner and every mode bit, setuid included (chown
+// clears it, so the order matters), also where the umask would strip bits.
+func TestBatchOwnerMode(t *testing.T) {
+	if !canChown {
+		t.Skip("owners are synced only by a receiver running as root")
+	}
+	_, b, p := pair(t)
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	var body []byte
+	files := []struct {
+		name     string
+		mode     uint32
+		uid, gid uint32
+	}{{"suid", 0o4755, 65534, 65534}, {"open", 0o666, 0, 0}, {"plain", 0o644, 0, 0}, {"grp", 0o2750, 0, 65534}}
+	for _, f := range files {
+		body = appendBatchHeader(body, f.name, entry{Mode: f.mode, Mtime: 1e18, Size: 2, Uid: f.uid, Gid: f.gid})
+		body = append(body, "ok"...)
+	}
+	if st, rs := h.batch("3", len(files), body); st != 200 || len(rs) != len(files) {
+		t.Fatalf("batch: %d %+v", st, rs)
+	}
+	for _, f := range files {
+		fi, err := os.Lstat(filepath.Join(b.root, f.name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := entryOf(fi)
+		if e.Mode != f.mode || e.Uid != f.uid || e.Gid != f.gid || e.Mtime != 1e18 {
+			t.Errorf("%s: mode %o uid %d gid %d mtime %d, want %o %d %d", f.name, e.Mode, e.Uid, e.Gid, e.Mtime, f.mode, f.uid, f.gid)
+		}
+		if r, ok := b.s.roots[0].rec.get(f.name); !ok || !r.same(e) {
+			t.Errorf("%s: recorded %+v, on disk %+v", f.name, r, e)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package syncdir
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,7 +11,12 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
+	"slices"
 	"strconv"
+	"time"
+
+	"go.uber.org/zap"
 )
 
 // httpError is a non-200 answer from the peer.
@@ -32,7 +38,10 @@ func (sd *sender) worker(ctx context.Context) {
 		case j := <-sd.jobs:
 			// Never blocks: results has room for one per worker. A success
 			// that lands after the stop is still recorded (see runSenderOnce).
-			sd.results <- sd.execute(ctx, j)
+			start := time.Now()
+			r := sd.execute(ctx, j)
+			r.start, r.end = start, time.Now()
+			sd.results <- r
 		}
 	}
 }
@@ -63,6 +72,37 @@ func (sd *sender) execute(ctx context.Context, j job) result {
 		r.err = sd.s.call(ctx, rt, opRename, v, nil, 0, nil)
 	}
 	return r
+}
+
+// trace logs a finished put or batch at debug level: from the first and
+// the last change it carries, through the queue, to the peer's answer.
+func (sd *sender) trace(r result) {
+	if r.j.kind != jobPut && r.j.kind != jobBatch {
+		return
+	}
+	ce := sd.s.lg.Check(zap.DebugLevel, "sync request done")
+	if ce == nil {
+		return
+	}
+	jobs := r.j.batch
+	if r.j.kind == jobPut {
+		jobs = []job{r.j}
+	}
+	var first, last time.Time
+	for _, b := range jobs {
+		if b.p == nil {
+			continue
+		}
+		if first.IsZero() || b.p.since.Before(first) {
+			first = b.p.since
+		}
+		if b.p.last.After(last) {
+			last = b.p.last
+		}
+	}
+	ce.Write(zap.Int("files", len(jobs)), zap.String("path", r.j.k.rel), zap.Time("first_change", first),
+		zap.Time("last_change", last), zap.Time("queued", r.j.queued), zap.Time("start", r.start),
+		zap.Time("end", r.end), zap.Error(r.err))
 }
 
 // owner adds the numeric owner: both nodes are deployed alike, so ids match.
@@ -130,49 +170,68 @@ var errSourceChanged = errors.New("syncdir: file changed while it was read")
 var errTooBig = errors.New("syncdir: file too big for a batch")
 
 // sendBatch sends small files in one request and returns one result per
-// job. Each file is read whole and checked unchanged before it goes in, so
-// the batch needs no commit trailer; a file that grew goes on its own.
+// job. The body is streamed: each file is read whole and checked unchanged
+// just before it goes out, so the receiver writes the first files while
+// later ones are still being read here. A file that cannot go (vanished,
+// changed, grew past the batch limit) goes as a skip entry; one that grew
+// is then sent on its own.
 func (s *Syncer) sendBatch(ctx context.Context, rt *rootState, jobs []job) []result {
 	res := make([]result, len(jobs))
-	body := make([]byte, 0, batchMaxBytes/4)
-	var in []int // indexes of res carried by the batch
-	var big []int
 	for i, j := range jobs {
 		res[i].j = j
-		mark := len(body)
-		var err error
-		body, res[i].ent, err = appendSmallFile(body, rt, j.k.rel)
-		switch {
-		case errors.Is(err, errTooBig):
-			big = append(big, i)
-		case err != nil:
-			res[i].err = err
-		default:
-			in = append(in, i)
-			continue
+	}
+	dirs := newDirSet(rt)
+	defer dirs.close()
+	// The request starts with the first file that reads well, so a batch
+	// is never all skips.
+	var first []byte
+	start := 0
+	for ; start < len(jobs) && first == nil; start++ {
+		b, ent, err := appendSmallFile(nil, rt, dirs, jobs[start].k.rel)
+		res[start].ent, res[start].err = ent, err
+		if err == nil {
+			first = b
 		}
-		body = body[:mark]
 	}
-	if len(in) > 0 {
-		s.callBatch(ctx, rt, body, in, res)
+	if first != nil {
+		s.streamBatch(ctx, rt, dirs, first, start-1, res)
 	}
-	for _, i := range big {
-		res[i].ent, res[i].err = s.sendFile(ctx, rt, jobs[i].k.rel)
+	for i := range res {
+		if errors.Is(res[i].err, errTooBig) {
+			res[i].ent, res[i].err = s.sendFile(ctx, rt, jobs[i].k.rel)
+		}
 	}
 	return res
 }
 
-func (s *Syncer) callBatch(ctx context.Context, rt *rootState, body []byte, in []int, res []result) {
+// streamBatch sends res[from:] as one batch whose first file is already in
+// first; it fills each result.
+func (s *Syncer) streamBatch(ctx context.Context, rt *rootState, dirs *dirSet, first []byte, from int, res []result) {
+	pr, pw := io.Pipe()
+	skipped := make([]bool, len(res))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		pw.CloseWithError(s.produceBatch(pw, rt, dirs, first, from, res, skipped))
+	}()
 	var resp batchResp
-	v := url.Values{"n": {strconv.Itoa(len(in))}}
-	err := s.callInto(ctx, rt, opBatch, v, bytes.NewReader(body), int64(len(body)), nil, &resp)
-	if err == nil && len(resp.Results) != len(in) {
-		err = fmt.Errorf("syncdir: batch of %d answered with %d results", len(in), len(resp.Results))
+	n := len(res) - from
+	v := url.Values{"n": {strconv.Itoa(n)}}
+	err := s.callInto(ctx, rt, opBatch, v, pr, -1, nil, &resp)
+	pr.CloseWithError(errBatchEnded) // stops the producer if the request ended early
+	<-done
+	if err == nil && len(resp.Results) != n {
+		err = fmt.Errorf("syncdir: batch of %d answered with %d results", n, len(resp.Results))
 	}
-	for k, i := range in {
+	echo := false
+	for k := range n {
+		i := from + k
 		switch {
+		case skipped[i]:
+			// keeps its own error
 		case err != nil:
-			res[i].err, res[i].echo = err, k > 0
+			res[i].err, res[i].echo = err, echo
+			echo = true
 		case resp.Results[k].Status != http.StatusOK:
 			br := resp.Results[k]
 			res[i].err = &httpError{status: br.Status, reason: br.Reason, msg: br.Error}
@@ -180,9 +239,35 @@ func (s *Syncer) callBatch(ctx context.Context, rt *rootState, body []byte, in [
 	}
 }
 
+var errBatchEnded = errors.New("syncdir: batch request ended")
+
+// produceBatch writes the batch body: the first file, then each further one
+// as it is read, or a skip entry in its place.
+func (s *Syncer) produceBatch(w io.Writer, rt *rootState, dirs *dirSet, first []byte, from int, res []result, skipped []bool) error {
+	// The first file goes at once so the receiver starts; later ones are
+	// buffered into fewer, bigger frames.
+	if _, err := w.Write(first); err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(w, 32<<10)
+	buf := make([]byte, 0, batchFileMax+4096)
+	for i := from + 1; i < len(res); i++ {
+		var err error
+		buf, res[i].ent, err = appendSmallFile(buf[:0], rt, dirs, res[i].j.k.rel)
+		if err != nil {
+			res[i].err, skipped[i] = err, true
+			buf = append(buf[:0], batchSkip...)
+		}
+		if _, err := bw.Write(buf); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
+
 // appendSmallFile appends rel's batch header and content to b.
-func appendSmallFile(b []byte, rt *rootState, rel string) ([]byte, entry, error) {
-	f, err := rt.root.Open(rel)
+func appendSmallFile(b []byte, rt *rootState, dirs *dirSet, rel string) ([]byte, entry, error) {
+	f, err := openSmall(rt, dirs, rel)
 	if err != nil {
 		return b, entry{}, err
 	}
@@ -200,7 +285,7 @@ func appendSmallFile(b []byte, rt *rootState, rel string) ([]byte, entry, error)
 	}
 	b = appendBatchHeader(b, rel, e)
 	n := len(b)
-	b = append(b, make([]byte, e.Size+1)...)
+	b = slices.Grow(b, int(e.Size)+1)[:n+int(e.Size)+1]
 	got, err := io.ReadFull(f, b[n:]) // one byte more than the size: growth shows
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		err = nil
@@ -216,6 +301,17 @@ func appendSmallFile(b []byte, rt *rootState, rel string) ([]byte, entry, error)
 		return b, e, errSourceChanged
 	}
 	return b, e, nil
+}
+
+// openSmall opens rel through its directory, opened once per batch; a
+// path whose directory cannot be walked without following a link goes the
+// general way.
+func openSmall(rt *rootState, dirs *dirSet, rel string) (*os.File, error) {
+	d, err := dirs.open(path.Dir(rel))
+	if err != nil {
+		return rt.root.Open(rel)
+	}
+	return openIn(d, path.Base(rel))
 }
 
 func (s *Syncer) sendManifest(ctx context.Context, rt *rootState, m manifestReq) (manifestResp, error) {

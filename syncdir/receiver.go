@@ -162,9 +162,13 @@ func (s *Syncer) recvPut(r *http.Request, rt *rootState, q request) error {
 	if err != nil {
 		return fmt.Errorf("create temp: %w", err)
 	}
+	start := time.Now()
 	err = setOwner(f.Chown, q)
 	if err == nil {
 		err = writeBody(f, r.Body, r.Trailer, q)
+	}
+	if ce := s.lg.Check(zap.DebugLevel, "sync put received"); ce != nil {
+		ce.Write(zap.String("path", q.path), zap.Int64("size", q.size), zap.Time("start", start), zap.Duration("took", time.Since(start)))
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr

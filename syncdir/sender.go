@@ -62,6 +62,7 @@ type job struct {
 	p2     *pend // rename target's pend
 	batch  []job // jobBatch: the puts it carries
 	small  bool  // a small put or a batch: counts against maxSmallInflight
+	queued time.Time
 }
 
 type result struct {
@@ -70,6 +71,8 @@ type result struct {
 	err   error
 	batch []result // jobBatch: one per put
 	echo  bool     // err is the batch request's, already noted with another file
+
+	start, end time.Time // the request's timeline, for the debug trace
 }
 
 // sender is one run of the sending side, from SetActive to SetPassive.
@@ -421,12 +424,14 @@ func (sd *sender) plan(ready []key, now time.Time) time.Duration {
 	}
 	looks := make([]look, 0, len(ready))
 	gone := map[[2]uint64]int{} // (root, inode) -> index in looks of a vanished path
+	subs := subRoots{}
+	defer subs.close()
 	for _, k := range ready {
 		p := sd.pending[k]
 		delete(sd.pending, k)
 		l := look{k: k, p: p}
 		rt := sd.s.roots[k.root]
-		fi, err := rt.root.Lstat(k.rel)
+		fi, err := subs.lstat(rt, k)
 		if err == nil {
 			if sc, ok := scanOne(rt.root, k.rel, fi); ok {
 				l.ent, l.ok, l.tgt = sc.ent, true, sc.m.L
@@ -520,6 +525,7 @@ func (sd *sender) unchanged(rt *rootState, rel string, e entry, moved [][2]strin
 }
 
 func (sd *sender) enqueue(j job) {
+	j.queued = time.Now()
 	sd.inflight[j.k] = j.p
 	if j.kind == jobRename {
 		sd.inflight[key{j.k.root, j.to}] = j.p2
@@ -555,7 +561,7 @@ func (sd *sender) next() (job, int) {
 		return j, 1
 	}
 	// Capped: later appends to the queue never write into the batch.
-	return job{kind: jobBatch, k: key{root: j.k.root}, batch: sd.queue[:n:n], small: true}, n
+	return job{kind: jobBatch, k: key{root: j.k.root}, batch: sd.queue[:n:n], small: true, queued: j.queued}, n
 }
 
 func flatten(r result) []result {
@@ -568,6 +574,7 @@ func flatten(r result) []result {
 // done handles a finished request. A batch is handled file by file, but a
 // failure of the whole request is logged and backed off once.
 func (sd *sender) done(r result) {
+	sd.trace(r)
 	if r.j.small {
 		sd.small--
 	}

@@ -171,12 +171,13 @@ func (s *Syncer) addRoot(r Root) error {
 }
 
 func (s *Syncer) setupTLS() error {
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}
 	tr := &http.Transport{
 		ForceAttemptHTTP2:   true,
 		MaxIdleConnsPerHost: 4,
 		IdleConnTimeout:     90 * time.Second,
-		TLSHandshakeTimeout: 10 * time.Second,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 15 * time.Second}).DialContext,
+		TLSHandshakeTimeout: handshakeTimeout,
+		DialContext:         dialer.DialContext,
 		HTTP2: &http.HTTP2Config{
 			SendPingTimeout:               10 * time.Second,
 			PingTimeout:                   5 * time.Second,
@@ -198,6 +199,7 @@ func (s *Syncer) setupTLS() error {
 			cc.InsecureSkipVerify = true
 		}
 		tr.TLSClientConfig = cc
+		tr.DialTLSContext = dialTLS(dialer, cc)
 		sc, err := s.cfg.TLS.ServerConfig()
 		if err != nil {
 			return fmt.Errorf("syncdir: %w", err)
@@ -340,12 +342,18 @@ func (s *Syncer) closeRoots() {
 }
 
 func (s *Syncer) newServer() *http.Server {
+	var tc *tls.Config
+	if s.serverTLS != nil {
+		// "h2" here makes Serve set up HTTP/2 on the TLS listener.
+		tc = s.serverTLS.Clone()
+		tc.NextProtos = []string{"h2", "http/1.1"}
+	}
 	srv := &http.Server{
 		Handler:           s,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
-		TLSConfig:         s.serverTLS,
+		TLSConfig:         tc,
 		ErrorLog:          log.New(&serverLog{s: s}, "", 0),
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams:          256,
@@ -367,7 +375,9 @@ func (s *Syncer) newServer() *http.Server {
 func (s *Syncer) serve(srv *http.Server, ln net.Listener) error {
 	var err error
 	if s.serverTLS != nil {
-		err = srv.ServeTLS(ln, "", "")
+		// ServeTLS, but with reads buffered under the TLS layer (see
+		// readBufConn).
+		err = srv.Serve(tls.NewListener(readBufListener{ln}, srv.TLSConfig))
 	} else {
 		err = srv.Serve(ln)
 	}

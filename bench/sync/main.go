@@ -30,6 +30,7 @@ import (
 	"github.com/hapair/hapair/internal/config"
 	"github.com/hapair/hapair/syncdir"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 var (
@@ -42,7 +43,27 @@ var (
 	skipBulk  = flag.Bool("skip-bulk", false, "only the live figures")
 	cpuProf   = flag.String("cpuprofile", "", "write a CPU profile of the driver (syncdir runs in it) to this file")
 	rounds    = flag.Int("rounds", 3, "burst and 256 MiB rounds (median); lsyncd at delay=15 does one")
+	syncfsMin = flag.Int("syncfs-min-files", syncdir.DefaultConfig().SyncfsMinFiles, "syncdir's sync.syncfs-min-files (0: fsyncs only)")
+	scenario  = flag.String("scenario", "", "with -syncdir-only: run only \"burst\" or \"big\" (default: all live figures)")
+	traceFile = flag.String("trace", "", "write syncdir's debug timeline (JSON lines, times in ns) and the bench's marks to this file")
 )
+
+// lg is the trace logger (a no-op without -trace).
+var lg = zap.NewNop()
+
+func openTrace(file string) (func(), error) {
+	cfg := zap.NewProductionConfig()
+	cfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+	cfg.OutputPaths = []string{file}
+	cfg.Sampling = nil
+	cfg.EncoderConfig.EncodeTime = zapcore.EpochNanosTimeEncoder
+	l, err := cfg.Build()
+	if err != nil {
+		return nil, err
+	}
+	lg = l
+	return func() { l.Sync() }, nil
+}
 
 type result struct {
 	small      time.Duration
@@ -65,6 +86,14 @@ func main() {
 			os.Exit(1)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *traceFile != "" {
+		done, err := openTrace(*traceFile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sync-bench:", err)
+			os.Exit(1)
+		}
+		defer done()
 	}
 	if err := run(); err != nil {
 		pprof.StopCPUProfile()
@@ -185,6 +214,9 @@ func countFiles(dir string, size int64) int {
 func liveScenarios(src, dst string, reps, n int) (result, error) {
 	var r result
 	var times []time.Duration
+	if *scenario != "" {
+		reps = 1
+	}
 	for i := 0; i < reps; i++ {
 		name := fmt.Sprintf("small-%d.txt", i)
 		start := time.Now()
@@ -201,11 +233,16 @@ func liveScenarios(src, dst string, reps, n int) (result, error) {
 
 	var bursts, writes, bases, bigs []time.Duration
 	for i := 0; i < n; i++ {
-		b, w, base, err := burstRound(src, dst, i)
-		if err != nil {
-			return r, err
+		if *scenario != "big" {
+			b, w, base, err := burstRound(src, dst, i)
+			if err != nil {
+				return r, err
+			}
+			bursts, writes, bases = append(bursts, b), append(writes, w), append(bases, base)
 		}
-		bursts, writes, bases = append(bursts, b), append(writes, w), append(bases, base)
+		if *scenario == "burst" {
+			continue
+		}
 		d, partial, err := bigRound(src, dst, i)
 		if err != nil {
 			return r, err
@@ -214,6 +251,9 @@ func liveScenarios(src, dst string, reps, n int) (result, error) {
 		r.bigPartial = r.bigPartial || partial
 	}
 	r.burst, r.burstWrite, r.burstBase, r.big = median(bursts), median(writes), median(bases), median(bigs)
+	if len(bursts) > 1 || len(bigs) > 1 {
+		fmt.Fprintf(os.Stderr, "rounds: burst %s, writer %s; 256 MiB %s\n", fmtDurs(bursts), fmtDurs(writes), fmtDurs(bigs))
+	}
 	return r, nil
 }
 
@@ -234,6 +274,7 @@ func burstRound(src, dst string, round int) (time.Duration, time.Duration, time.
 	waitDir(filepath.Join(dst, dir), 60*time.Second)
 	syscall.Sync()
 	time.Sleep(200 * time.Millisecond)
+	cpu0 := cpuTime()
 	start := time.Now()
 	wrote, err := writeBurst(filepath.Join(src, dir))
 	if err != nil {
@@ -245,7 +286,10 @@ func burstRound(src, dst string, round int) (time.Duration, time.Duration, time.
 		}
 		time.Sleep(time.Millisecond)
 	}
-	return time.Since(start), wrote, baseline, nil
+	took := time.Since(start)
+	lg.Info("bench burst", zap.Int("round", round), zap.Time("start", start), zap.Time("wrote", start.Add(wrote)),
+		zap.Time("complete", start.Add(took)), zap.Duration("unwatched", baseline), zap.Duration("cpu", cpuTime()-cpu0))
+	return took, wrote, baseline, nil
 }
 
 // burstDone reports whether all 1,000 files are complete in dir. It lists
@@ -282,17 +326,30 @@ func bigRound(src, dst string, round int) (time.Duration, bool, error) {
 	syscall.Sync()
 	time.Sleep(200 * time.Millisecond)
 	done := make(chan error, 1)
-	go func() { done <- writeBig(filepath.Join(src, name), bigSize) }()
+	cpu0 := cpuTime()
+	start := time.Now()
+	var wrote time.Time
+	go func() { err := writeBig(filepath.Join(src, name), bigSize); wrote = time.Now(); done <- err }()
 	d, partial, err := waitSize(filepath.Join(dst, name), bigSize, 3*time.Minute)
 	if werr := <-done; werr != nil {
 		return 0, false, werr
 	}
+	lg.Info("bench big", zap.Int("round", round), zap.Time("start", start), zap.Time("wrote", wrote), zap.Time("complete", start.Add(d)),
+		zap.Duration("cpu", cpuTime()-cpu0))
 	if err != nil {
 		return 0, false, err
 	}
 	// Free the space: three rounds of two tools would fill a small disk.
 	os.Remove(filepath.Join(src, name))
 	return d, partial, nil
+}
+
+// cpuTime is the CPU time used by this process (the writer, and syncdir's
+// sender and receiver, which run in it): the polling is cheap next to it.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func waitDir(p string, limit time.Duration) {
@@ -323,7 +380,18 @@ func writeBig(p string, size int) error {
 	return f.Close()
 }
 
+func fmtDurs(ds []time.Duration) string {
+	s := make([]string, len(ds))
+	for i, d := range ds {
+		s[i] = fmtDur(d)
+	}
+	return strings.Join(s, " ")
+}
+
 func median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
 	s := append([]time.Duration{}, d...)
 	sort.Slice(s, func(a, b int) bool { return s[a] < s[b] })
 	return s[len(s)/2]
@@ -456,12 +524,13 @@ func startPair(dir, name string, tlsc config.TLS, src string) (*pair, error) {
 		cfg.Peer = fmt.Sprintf("127.0.0.1:%d", peer)
 		cfg.StateDir = filepath.Join(dir, name+"-state-"+node)
 		cfg.TLS = tlsc
+		cfg.SyncfsMinFiles = *syncfsMin
 		cfg.Roots = []syncdir.Root{{Name: "data", Path: root, Exclude: []string{}}}
 		var f syncdir.Fence = passive{}
 		if node == "sender" {
 			f = fence{}
 		}
-		return syncdir.New(cfg, zap.NewNop(), nil, f)
+		return syncdir.New(cfg, lg.Named(node), nil, f)
 	}
 	if p.snd, err = mk("sender", p.src, ps, pr); err != nil {
 		return nil, err

@@ -3,6 +3,9 @@
 # and plain rsync -a / rsync -a --fsync to an rsync daemon, all on loopback.
 # Run by hand, as root:  sudo bench/sync/run.sh [-skip-delay15] [-skip-bulk | -bulk-only]
 #   [-small 20] [-rounds 3]   (wrap in flock /tmp/hapair-bench.lock on shared machines)
+# Profiling syncdir alone: -syncdir-only [-scenario burst|big] [-cpuprofile F]
+#   [-trace F: syncdir's debug timeline per request/batch, JSON, ns times]
+#   [-syncfs-min-files N]
 # Needs Debian packages: lsyncd rsync (and Go to build the driver).
 set -eu
 cd "$(dirname "$0")/../.."

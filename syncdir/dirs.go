@@ -1,0 +1,157 @@
+package syncdir
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// dirSet holds the directories one batch touches, each opened once by a
+// walk from the root that never follows a symlink. Every file operation of
+// the batch is then one system call relative to its directory, with a
+// single-component name, instead of an os.Root walk per call: a burst of
+// small files costs about a third fewer system calls.
+type dirSet struct {
+	rt  *rootState
+	fds map[string]*os.File
+}
+
+func newDirSet(rt *rootState) *dirSet { return &dirSet{rt: rt, fds: map[string]*os.File{}} }
+
+// open returns dir (slash-separated, relative to the root, "." for the
+// root) opened as a directory; it fails when dir is missing or any of its
+// components is a symlink or not a directory.
+func (d *dirSet) open(dir string) (*os.File, error) {
+	if f := d.fds[dir]; f != nil {
+		return f, nil
+	}
+	f, err := openDirNoFollow(d.rt.fsFD, dir)
+	if err != nil {
+		return nil, err
+	}
+	d.fds[dir] = f
+	return f, nil
+}
+
+func (d *dirSet) close() {
+	for k, f := range d.fds {
+		f.Close()
+		delete(d.fds, k)
+	}
+}
+
+// openDirNoFollow walks dir one component at a time below root with
+// O_NOFOLLOW, so the result is inside the root and reached through real
+// directories only. dir must be a path accepted by checkPath (or ".").
+func openDirNoFollow(root *os.File, dir string) (*os.File, error) {
+	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Openat(int(root.Fd()), ".", flags, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "openat", Path: ".", Err: err}
+	}
+	if dir != "." {
+		for c := range strings.SplitSeq(dir, "/") {
+			next, err := unix.Openat(fd, c, flags, 0)
+			unix.Close(fd)
+			if err != nil {
+				return nil, &os.PathError{Op: "openat", Path: dir, Err: err}
+			}
+			fd = next
+		}
+	}
+	return os.NewFile(uintptr(fd), dir), nil
+}
+
+// createIn creates a new temp file with permissions perm (less the umask)
+// in the directory d; it returns the file and its name (one component).
+func createIn(d *os.File, perm uint32) (*os.File, string, error) {
+	name := path.Base(tempName("."))
+	fd, err := unix.Openat(int(d.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, perm&0o777)
+	if err != nil {
+		return nil, "", fmt.Errorf("create temp: %w", &os.PathError{Op: "openat", Path: name, Err: err})
+	}
+	return os.NewFile(uintptr(fd), name), name, nil
+}
+
+// openIn opens the regular file name in the directory d for reading,
+// without following a symlink.
+func openIn(d *os.File, name string) (*os.File, error) {
+	fd, err := unix.Openat(int(d.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) {
+			err = unix.ENOENT // a symlink now: not the file that was planned
+		}
+		return nil, &os.PathError{Op: "openat", Path: name, Err: err}
+	}
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// setMtime sets f's access and modification times to mtime (ns since the
+// epoch) through its descriptor (futimens).
+func setMtime(f *os.File, mtime int64) error {
+	ts := [2]unix.Timespec{unix.NsecToTimespec(mtime), unix.NsecToTimespec(mtime)}
+	// utimensat with a NULL path is futimens(3); x/sys has no wrapper.
+	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, f.Fd(), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
+	if errno != 0 {
+		return &os.PathError{Op: "futimens", Path: f.Name(), Err: errno}
+	}
+	return nil
+}
+
+// existsIn reports whether name exists in the directory d (not following a
+// symlink).
+func existsIn(d *os.File, name string) (bool, error) {
+	var st unix.Stat_t
+	err := unix.Fstatat(int(d.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.ENOENT):
+		return false, nil
+	}
+	return false, &os.PathError{Op: "fstatat", Path: name, Err: err}
+}
+
+func renameIn(d *os.File, from, to string) error {
+	if err := unix.Renameat(int(d.Fd()), from, int(d.Fd()), to); err != nil {
+		return &os.LinkError{Op: "renameat", Old: from, New: to, Err: err}
+	}
+	return nil
+}
+
+// subRoots opens each directory of a set of paths once as an os.Root, so
+// that looking at many files of one directory costs one fstatat each
+// instead of a walk from the root each.
+type subRoots map[key]*os.Root // by root index and directory; nil: use the root
+
+func (m subRoots) lstat(rt *rootState, k key) (fs.FileInfo, error) {
+	dir, name := path.Dir(k.rel), path.Base(k.rel)
+	if dir == "." {
+		return rt.root.Lstat(k.rel)
+	}
+	dk := key{k.root, dir}
+	sub, seen := m[dk]
+	if !seen {
+		sub, _ = rt.root.OpenRoot(dir) // on error: nil, the long way
+		m[dk] = sub
+	}
+	if sub == nil {
+		return rt.root.Lstat(k.rel)
+	}
+	return sub.Lstat(name)
+}
+
+func (m subRoots) close() {
+	for k, r := range m {
+		if r != nil {
+			r.Close()
+		}
+		delete(m, k)
+	}
+}
