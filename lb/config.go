@@ -35,6 +35,7 @@ type Config struct {
 	LogLevel        string           `yaml:"log-level"`
 	AccessLog       bool             `yaml:"access-log"`
 	ShutdownTimeout time.Duration    `yaml:"shutdown-timeout"`
+	FIFOReads       string           `yaml:"fifo-reads"` // auto, on or off (see poller); applies at start
 	Admin           AdminConfig      `yaml:"admin"`
 	Cluster         string           `yaml:"cluster"`
 	Etcd            config.Etcd      `yaml:"etcd"` // optional: fast path
@@ -115,6 +116,7 @@ func DefaultConfig() Config {
 	return Config{
 		LogLevel:        "info",
 		ShutdownTimeout: 30 * time.Second,
+		FIFOReads:       "auto",
 		Admin:           AdminConfig{Listen: "127.0.0.1:7480"},
 		Cluster:         "hapair",
 		Etcd:            config.Etcd{DialTimeout: 2 * time.Second},
@@ -128,6 +130,13 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		return config.Errorf("log-level", c.LogLevel, "must be debug, info, warn or error")
+	}
+	switch c.FIFOReads {
+	case "":
+		c.FIFOReads = "auto"
+	case "auto", "on", "off":
+	default:
+		return config.Errorf("fifo-reads", c.FIFOReads, "must be auto, on or off")
 	}
 	if c.ShutdownTimeout < 0 {
 		return config.Errorf("shutdown-timeout", c.ShutdownTimeout, "must not be negative")

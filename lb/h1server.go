@@ -28,6 +28,7 @@ type h1Server struct {
 	wg        sync.WaitGroup
 	mu        sync.Mutex
 	conns     map[*h1Conn]struct{}
+	poll      *poller // nil: reads wait on Go's poller
 }
 
 // Connection states for graceful shutdown.
@@ -56,7 +57,7 @@ var h1WriterPool = sync.Pool{New: func() any { return newWbuf(nil, 32<<10) }}
 // serve accepts client connections until ln is closed.
 func (s *h1Server) serve(ln net.Listener) error {
 	return acceptLoop(ln, func(c net.Conn) {
-		hc := &h1Conn{c: c}
+		hc := &h1Conn{c: c, sock: newSockIO(c, s.poll)}
 		s.mu.Lock()
 		if s.conns == nil {
 			s.conns = map[*h1Conn]struct{}{}
@@ -101,7 +102,7 @@ func (s *h1Server) shutdown(ctx context.Context) {
 		s.mu.Lock()
 		for hc := range s.conns {
 			if hc.state.CompareAndSwap(connIdle, connClosed) {
-				_ = hc.c.Close()
+				_ = hc.sock.close()
 			}
 		}
 		s.mu.Unlock()
@@ -112,7 +113,7 @@ func (s *h1Server) shutdown(ctx context.Context) {
 		case <-ctx.Done():
 			s.mu.Lock()
 			for hc := range s.conns {
-				_ = hc.c.Close()
+				_ = hc.sock.close()
 			}
 			s.mu.Unlock()
 			<-done
@@ -127,6 +128,7 @@ func (s *h1Server) handle(hc *h1Conn) {
 			s.lg.Error("connection handler panicked", zap.Any("panic", r))
 		}
 		_ = hc.c.Close()
+		hc.sock.release()
 		hc.releaseWriter()
 		s.mu.Lock()
 		delete(s.conns, hc)
@@ -137,7 +139,6 @@ func (s *h1Server) handle(hc *h1Conn) {
 		hc.ip = a.IP.String()
 	}
 	lc := s.route.Load().lc
-	hc.sock = newSockIO(hc.c)
 	hc.br = bufio.NewReaderSize(hc.sock, lc.MaxHeaderBytes+1024)
 	hc.req.raw = make([]byte, 0, 1024)
 	hc.resp.raw = make([]byte, 0, 1024)
@@ -597,7 +598,7 @@ func (s *h1Server) upgrade(hc *h1Conn, g *Group) int {
 		s.writeError(hc, 502, false, g)
 		return 502
 	}
-	bc := newBackendConn(c, g.cfg.ReadTimeout)
+	bc := newBackendConn(c, g.cfg.ReadTimeout, g.poll)
 	defer bc.close()
 	writeRequestHead(bc.bw, &hc.req, hc.ip, true)
 	if err := s.sendBody(hc, bc); err != nil {

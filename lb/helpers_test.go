@@ -115,6 +115,9 @@ func startLB(t *testing.T, cfg Config, setup func(*LB)) *testLB {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	lg := zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+	if cfg.FIFOReads == "" || cfg.FIFOReads == "auto" {
+		cfg.FIFOReads = "on" // the riskier read path; the binary tests run the default
+	}
 	l, err := New(cfg, lg, NewMetrics(reg))
 	if err != nil {
 		t.Fatal(err)

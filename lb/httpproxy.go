@@ -73,9 +73,9 @@ type backendConn struct {
 	readTimeout time.Duration
 }
 
-func newBackendConn(c net.Conn, readTimeout time.Duration) *backendConn {
+func newBackendConn(c net.Conn, readTimeout time.Duration, p *poller) *backendConn {
 	bc := &backendConn{c: c, readTimeout: readTimeout}
-	rw := newSockIO(c)
+	rw := newSockIO(c, p)
 	bc.sock = rw
 	if v, ok := readerPool.Get().(*bufio.Reader); ok {
 		v.Reset(rw)
@@ -94,6 +94,7 @@ func newBackendConn(c net.Conn, readTimeout time.Duration) *backendConn {
 
 func (bc *backendConn) close() {
 	_ = bc.c.Close()
+	bc.sock.release()
 	if bc.br != nil {
 		bc.br.Reset(nil)
 		readerPool.Put(bc.br)
@@ -243,7 +244,7 @@ func (s *Server) conn(ctx context.Context, idem, fresh bool) (bc *backendConn, r
 		s.group.lg.Debug("connect failed", zap.String("server", s.name), zap.Error(err))
 		return nil, false, err
 	}
-	return newBackendConn(c, s.group.cfg.ReadTimeout), false, nil
+	return newBackendConn(c, s.group.cfg.ReadTimeout, s.group.poll), false, nil
 }
 
 // staleRetry reports whether an attempt failed only because a pooled
@@ -501,7 +502,7 @@ func (p *httpProxy) serveUpgrade(w http.ResponseWriter, r *http.Request, g *Grou
 		http.Error(w, "bad gateway", http.StatusBadGateway)
 		return http.StatusBadGateway
 	}
-	bc := newBackendConn(c, s.group.cfg.ReadTimeout)
+	bc := newBackendConn(c, s.group.cfg.ReadTimeout, s.group.poll)
 	defer bc.close()
 	if err := writeRequest(bc.bw, r, p.tls, true); err != nil {
 		s.noteFailure()

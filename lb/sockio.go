@@ -3,6 +3,7 @@ package lb
 import (
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -42,10 +43,23 @@ type sockIO struct {
 	// arrived before that Read (and is forgotten when it starts) cannot be
 	// an answer; a client may pipeline, so its reads always try first.
 	out []byte
+
+	// Waiting for readability through the poller (pw != nil): wake gets a
+	// token for every edge, a deadline change or Close (kick); dlNano is
+	// the read deadline (unix nanos, 0: none) and tm wakes the reader at it.
+	pw     *poller
+	slot   uint32
+	wake   chan struct{}
+	again  bool // the last read attempt found the socket empty
+	dlNano atomic.Int64
+	tm     *time.Timer
+	tmAt   int64
 }
 
-// newSockIO returns the I/O of c: raw when c offers it, else c's own.
-func newSockIO(c net.Conn) *sockIO {
+// newSockIO returns the I/O of c: raw when c offers it, else c's own. With
+// a poller, reads wait for it instead of Go's poller (see poller); the
+// owner must call release when c is closed.
+func newSockIO(c net.Conn, p *poller) *sockIO {
 	s := &sockIO{c: c}
 	if sc, ok := c.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
@@ -53,16 +67,84 @@ func newSockIO(c net.Conn) *sockIO {
 		}
 	}
 	s.rfn, s.wfn, s.ofn = s.doRead, s.doWrite, s.doOut
+	if p != nil && s.rc != nil {
+		s.wake = make(chan struct{}, 1)
+		p.register(s)
+	}
 	return s
 }
 
+// release leaves the poller (c is closed or about to be).
+func (s *sockIO) release() {
+	if s.pw != nil {
+		s.pw.release(s.slot)
+		s.pw = nil
+	}
+	if s.tm != nil {
+		s.tm.Stop()
+	}
+}
+
+// close closes c and wakes a reader waiting on it in another goroutine.
+func (s *sockIO) close() error {
+	err := s.c.Close()
+	s.kick()
+	return err
+}
+
+// kick wakes the reader (or its next wait) once.
+func (s *sockIO) kick() {
+	if s.wake == nil {
+		return
+	}
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
 // setDeadline sets the read deadline of c (zero: none) and remembers it.
+// A reader waiting in another goroutine sees the change.
 func (s *sockIO) setDeadline(t time.Time) {
 	if t.Equal(s.dl) {
 		return
 	}
 	s.dl = t
 	_ = s.c.SetReadDeadline(t)
+	if s.wake != nil {
+		var dn int64
+		if !t.IsZero() {
+			dn = max(t.UnixNano(), 1)
+		}
+		s.dlNano.Store(dn)
+		s.kick()
+	}
+}
+
+// wait parks until the poller reports the socket readable, the read
+// deadline passes (errDeadline) or something kicks the reader.
+func (s *sockIO) wait() error {
+	if dl := s.dlNano.Load(); dl != 0 {
+		now := time.Now().UnixNano()
+		if now >= dl {
+			return errDeadline
+		}
+		if s.tmAt != dl {
+			s.tmAt = dl
+			if s.tm == nil {
+				s.tm = time.AfterFunc(time.Duration(dl-now), s.kick)
+			} else {
+				s.tm.Reset(time.Duration(dl - now))
+			}
+		}
+	}
+	if !s.pw.stopped.Load() { // (checked again after: it may stop meanwhile)
+		<-s.wake
+	}
+	if s.pw.stopped.Load() {
+		s.release() // the poller is gone: wait on Go's from now on
+	}
+	return nil
 }
 
 // arm makes the read deadline d from now, coarsely: a deadline already set
@@ -100,11 +182,11 @@ func (s *sockIO) Read(p []byte) (int, error) {
 		return s.c.Read(p)
 	}
 	s.buf, s.n, s.err = p, 0, nil
-	err := s.rc.Read(s.rfn)
+	err := s.read()
 	if err == nil && s.err == nil && len(s.out) > 0 {
 		// The socket buffer filled while sending: finish the usual way.
 		if err = s.rc.Write(s.ofn); err == nil && s.err == nil {
-			err = s.rc.Read(s.rfn)
+			err = s.read()
 		}
 	}
 	s.out = nil
@@ -116,8 +198,42 @@ func (s *sockIO) Read(p []byte) (int, error) {
 	return n, rerr
 }
 
+// read runs doRead until it has data, an end or an error.
+func (s *sockIO) read() error {
+	if s.pw != nil {
+		return s.readPolled()
+	}
+	return s.rc.Read(s.rfn)
+}
+
+// readPolled reads, waiting for the poller whenever the socket is empty.
+func (s *sockIO) readPolled() error {
+	if len(s.out) > 0 {
+		// Edges before this send cannot be its answer: forget them.
+		select {
+		case <-s.wake:
+		default:
+		}
+	}
+	for {
+		s.again = false
+		if err := s.rc.Read(s.rfn); err != nil || !s.again {
+			return err
+		}
+		if err := s.wait(); err != nil {
+			return err
+		}
+	}
+}
+
 func (s *sockIO) doRead(fd uintptr) bool {
 	if len(s.out) > 0 {
+		if s.pw != nil {
+			if s.sendOut(fd) && s.err == nil {
+				s.again = true // sent: wait for the answer without reading
+			}
+			return true
+		}
 		// The poller's readiness was reset just before this callback, so
 		// an answer to what we send now wakes us: wait without reading.
 		return !s.sendOut(fd) || s.err != nil
@@ -134,6 +250,10 @@ func (s *sockIO) doRead(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
+			if s.pw != nil {
+				s.again = true // the poller waits (readPolled)
+				return true
+			}
 			return false // park until readable
 		default:
 			s.err = &net.OpError{Op: "read", Net: "tcp", Err: errno}

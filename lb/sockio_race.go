@@ -26,3 +26,8 @@ func errnoOf(err error) syscall.Errno {
 	}
 	return syscall.EIO
 }
+
+func epollWait(fd uintptr, evs []syscall.EpollEvent) (int, syscall.Errno) {
+	n, err := syscall.EpollWait(int(fd), evs, 0)
+	return max(n, 0), errnoOf(err)
+}

@@ -15,7 +15,12 @@
 #   and with the etcd fast path (Debian etcd-server) at inter 2s fall 2 rise 2.
 #
 # Knobs: DUR (s per wrk run, 5), ROUNDS (3), CONNS (50), WRK_THREADS (2), FLIPS (10),
-#   HLB_ENV (extra environment for hapair-lb, e.g. "GOGC=400").
+#   HLB_ENV (extra environment for hapair-lb, e.g. "GOGC=400"); selection (same
+#   method, fewer cells): SIZES ("small big"), WORKERS ("1 2"), KINDS ("direct
+#   nginx haproxy hapair-lb"; nginx is the ratios' reference). A/B runs: kind
+#   "hapair-lb-b" runs HLB_BIN_B (a hapair-lb binary) with HLB_ENV_B.
+# Each round also prints p99.9 (from a wrk script that only reports; the
+#   requests stay wrk's static ones), and a per-round p99 ratio table.
 # Packages: nginx-light (or nginx), haproxy, wrk, etcd-server; Go to build.
 set -euo pipefail
 PART=${1:-all}
@@ -24,6 +29,9 @@ ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-50}
 WRK_THREADS=${WRK_THREADS:-2}
 FLIPS=${FLIPS:-10}
+SIZES=${SIZES:-small big}
+WORKERS=${WORKERS:-1 2}
+KINDS=${KINDS:-direct nginx haproxy hapair-lb}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 W=$(mktemp -d /tmp/hapair-lb-bench.XXXXXX)
 chmod 755 "$W"
@@ -44,6 +52,7 @@ BE=127.0.0.1:18080      # backend
 NGX=127.0.0.1:18090     # nginx proxy
 HAP=127.0.0.1:18091     # haproxy
 HLB=127.0.0.1:18092     # hapair-lb
+HLB_B=127.0.0.1:18093   # hapair-lb-b (A/B runs)
 NODE_A=127.0.0.1:18081  # flipper nodes
 NODE_B=127.0.0.1:18082
 ETCD=127.0.0.1:23790
@@ -165,6 +174,11 @@ backends:
 EOF
 		start hlb env GOMAXPROCS="$n" ${HLB_ENV:-} "$W/hapair-lb" --config "$W/lb.yaml"
 		PROXY_PID=$PID_hlb; PROXY_ADDR=$HLB ;;
+	hapair-lb-b)
+		sed "s/$HLB/$HLB_B/" "$W/lb.yaml" >"$W/lb-b.yaml" 2>/dev/null || true
+		[ -s "$W/lb-b.yaml" ] || { echo "hapair-lb-b needs hapair-lb earlier in KINDS" >&2; exit 1; }
+		start hlbb env GOMAXPROCS="$n" ${HLB_ENV_B:-} "${HLB_BIN_B:?HLB_BIN_B: a hapair-lb binary}" --config "$W/lb-b.yaml"
+		PROXY_PID=$PID_hlbb; PROXY_ADDR=$HLB_B ;;
 	esac
 	wait_port "$PROXY_ADDR"
 }
@@ -173,38 +187,42 @@ to_us() { # wrk latency "1.23ms" → µs
 	awk -v v="$1" 'BEGIN{ n=v+0; if (v ~ /us$/) print n; else if (v ~ /ms$/) print n*1000; else if (v ~ /s$/) print n*1000000; else print n }'
 }
 
-run_wrk() { # run_wrk ADDR PATH PIDS → "rps p50us p99us cpu_us_per_req"
+run_wrk() { # run_wrk ADDR PATH PIDS → "rps p50us p99us cpu_us_per_req p999us"
 	local t0 t1 out
 	# warm-up (connections, pools)
 	wrk -t"$WRK_THREADS" -c"$CONNS" -d1s "http://$1$2" >/dev/null 2>&1 || true
 	t0=$(cpu_ticks "$3")
-	out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" --latency "http://$1$2")
+	out=$(wrk -t"$WRK_THREADS" -c"$CONNS" -d"${DUR}s" --latency -s "$W/p999.lua" "http://$1$2")
 	t1=$(cpu_ticks "$3")
 	local rps reqs p50 p99 errs
 	rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
 	reqs=$(awk '/requests in/ {print $1}' <<<"$out")
 	p50=$(to_us "$(awk '$1=="50%" {print $2}' <<<"$out")")
 	p99=$(to_us "$(awk '$1=="99%" {print $2}' <<<"$out")")
+	local p999; p999=$(awk '$1=="P999" {print $2}' <<<"$out")
 	errs=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
 	[ -n "$errs" ] && echo "   wrk: $errs" >&2
 	local cpu="-"
 	[ -n "$3" ] && cpu=$(awk -v d=$((t1 - t0)) -v hz="$HZ" -v r="$reqs" 'BEGIN{printf "%.1f", d*1e6/hz/r}')
-	echo "$rps $p50 $p99 $cpu"
+	echo "$rps $p50 $p99 $cpu ${p999:--}"
 }
 
 throughput() {
 	setup_backend
+	# Reports p99.9 at the end of a run; defines no request/response hook, so
+	# wrk keeps sending its static request and does not parse bodies.
+	echo 'done = function(s, latency, r) io.write(string.format("P999 %d\n", latency:percentile(99.9))) end' >"$W/p999.lua"
 	local res="$W/results.txt"; : >"$res"
-	for n in 1 2; do
+	for n in $WORKERS; do
 		for round in $(seq "$ROUNDS"); do
-			for kind in direct nginx haproxy hapair-lb; do
+			for kind in $KINDS; do
 				start_proxy $kind $n
 				local pids=""
 				[ -n "$PROXY_PID" ] && pids=$(pids_of "$PROXY_PID")
-				for size in small big; do
+				for size in $SIZES; do
 					r=$(run_wrk "$PROXY_ADDR" "/$size" "$pids")
-					printf '%-9s w=%d %-5s round %d: rps %9s p50 %7sus p99 %7sus cpu/req %6sus\n' $kind $n $size $round $r
-					echo "$kind $n $size $r" >>"$res"
+					printf '%-11s w=%d %-5s round %d: rps %9s p50 %7sus p99 %7sus cpu/req %6sus p99.9 %7sus\n' $kind $n $size $round $r
+					echo "$kind $n $size $round $r" >>"$res"
 				done
 				[ -n "$PROXY_PID" ] && stop "$PROXY_PID"
 			done
@@ -212,23 +230,35 @@ throughput() {
 	done
 	echo
 	echo "== medians over $ROUNDS rounds (wrk -t$WRK_THREADS -c$CONNS -d${DUR}s, loopback, 2 cores shared) =="
-	awk '
+	awk -v kinds="$KINDS" -v workers="$WORKERS" -v sizes="$SIZES" '
 	function median(s,   a, n, i, j, t) { n = split(s, a, " "); for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }; return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }
-	{ k = $1 " " $2 " " $3; rps[k] = rps[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6; cpu[k] = cpu[k] " " $7; keys[k] = 1 }
+	function ratio(a, b) { return (b + 0 > 0 && a != "-") ? sprintf("%.2f", a / b) : "-" }
+	{ k = $1 " " $2 " " $3; rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p99[k] = p99[k] " " $7; cpu[k] = cpu[k] " " $8
+	  p999[k] = p999[k] " " $9; keys[k] = 1; rp99[k " " $4] = $7; if ($4 > nr) nr = $4 }
 	END {
-		printf "%-10s %-3s %-5s %10s %9s %9s %9s | %8s %8s %8s %8s\n", "target", "w", "size", "req/s", "p50 us", "p99 us", "cpu us/r", "thr/ngx", "thr/dir", "cpu/ngx", "p99/ngx"
-		split("direct nginx haproxy hapair-lb", kinds, " ")
-		for (n = 1; n <= 2; n++) for (s = 1; s <= 2; s++) {
-			size = (s == 1) ? "small" : "big"
-			ng = "nginx " n " " size; di = "direct " n " " size
-			for (i = 1; i <= 4; i++) {
-				k = kinds[i] " " n " " size
+		nk = split(kinds, kind, " "); nw = split(workers, wk, " "); ns = split(sizes, sz, " ")
+		printf "%-11s %-3s %-5s %10s %9s %9s %9s %9s | %8s %8s %8s %8s %8s\n", "target", "w", "size", "req/s", "p50 us", "p99 us", "p99.9 us", "cpu us/r", "thr/ngx", "thr/dir", "cpu/ngx", "p99/ngx", "p99/hap"
+		for (w = 1; w <= nw; w++) for (s = 1; s <= ns; s++) {
+			n = wk[w]; size = sz[s]
+			ng = "nginx " n " " size; di = "direct " n " " size; hp = "haproxy " n " " size
+			for (i = 1; i <= nk; i++) {
+				k = kind[i] " " n " " size
 				if (!(k in keys)) continue
-				r = median(rps[k]); c = (cpu[k] ~ /-/) ? "-" : median(cpu[k])
-				cn = median(cpu[ng]); rn = median(rps[ng]); rd = median(rps[di])
-				printf "%-10s %-3d %-5s %10.0f %9.0f %9.0f %9s | %8.2f %8.2f %8s %8.2f\n", kinds[i], n, size, r, median(p50[k]), median(p99[k]), c,
-					r / rn, r / rd, (c == "-" ? "-" : sprintf("%.2f", c / cn)), median(p99[k]) / median(p99[ng])
+				r = median(rps[k]); c = (cpu[k] ~ /-/) ? "-" : median(cpu[k]); q = (p999[k] ~ /-/) ? "-" : median(p999[k])
+				printf "%-11s %-3d %-5s %10.0f %9.0f %9.0f %9s %9s | %8s %8s %8s %8s %8s\n", kind[i], n, size, r, median(p50[k]), median(p99[k]), q, c,
+					ratio(r, median(rps[ng])), ratio(r, median(rps[di])), ratio(c, median(cpu[ng])), ratio(median(p99[k]), median(p99[ng])), ratio(median(p99[k]), median(p99[hp]))
 			}
+		}
+		# The p99 ratio of each round (same round, so the same machine load).
+		print ""
+		print "p99 ratio per round (vs nginx / vs haproxy):"
+		for (w = 1; w <= nw; w++) for (s = 1; s <= ns; s++) for (i = 1; i <= nk; i++) {
+			if (kind[i] !~ /^hapair/) continue
+			n = wk[w]; size = sz[s]; k = kind[i] " " n " " size
+			if (!(k in keys)) continue
+			line = sprintf("  %-11s w=%d %-5s", kind[i], n, size)
+			for (r = 1; r <= nr; r++) line = line sprintf("  %s/%s", ratio(rp99[k " " r], rp99["nginx " n " " size " " r]), ratio(rp99[k " " r], rp99["haproxy " n " " size " " r]))
+			print line
 		}
 	}' "$res"
 	stop "$PID_backend"

@@ -1,0 +1,186 @@
+package lb
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// startPoller runs a poller until the test ends.
+func startPoller(t *testing.T) *poller {
+	t.Helper()
+	p, err := newPoller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return p
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (a, b net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	a, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(func() { _ = a.Close(); _ = r.c.Close() })
+	return a, r.c
+}
+
+// readAsync reads once from s in another goroutine.
+func readAsync(s *sockIO) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64)
+		_, err := s.Read(buf)
+		ch <- err
+	}()
+	return ch
+}
+
+func within(t *testing.T, ch <-chan error, d time.Duration, what string) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(d):
+		t.Fatalf("%s: no result within %v", what, d)
+		return nil
+	}
+}
+
+func TestPollerWakesReaders(t *testing.T) {
+	p := startPoller(t)
+	a, b := tcpPair(t)
+	s := newSockIO(a, p)
+	defer s.release()
+	if s.pw == nil {
+		t.Fatal("socket not registered with the poller")
+	}
+	// Many short exchanges: no wake-up may be lost.
+	buf := make([]byte, 16)
+	for i := range 2000 {
+		ch := readAsync(s)
+		if _, err := b.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if err := within(t, ch, 5*time.Second, "read"); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+	}
+	// The send-then-wait path of backend connections.
+	go func() {
+		in := make([]byte, 4)
+		_, _ = io.ReadFull(b, in)
+		_, _ = b.Write([]byte("pong"))
+	}()
+	s.setOut([]byte("ping"))
+	n, err := s.Read(buf)
+	if err != nil || string(buf[:n]) != "pong" {
+		t.Fatalf("send-in-read: %q, %v", buf[:n], err)
+	}
+}
+
+func TestPollerDeadlineAndClose(t *testing.T) {
+	p := startPoller(t)
+	a, _ := tcpPair(t)
+	s := newSockIO(a, p)
+	defer s.release()
+
+	// A deadline ends the wait with a timeout.
+	s.setDeadline(time.Now().Add(50 * time.Millisecond))
+	err := within(t, readAsync(s), 5*time.Second, "deadline")
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("want a timeout, got %v", err)
+	}
+
+	// Another goroutine moving the deadline to the past wakes the reader
+	// (how a held request stops its close watcher).
+	s.setDeadline(time.Time{})
+	ch := readAsync(s)
+	select {
+	case err := <-ch:
+		t.Fatalf("read returned early: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.setDeadline(time.Unix(1, 0))
+	if err := within(t, ch, 5*time.Second, "deadline moved"); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("want a timeout, got %v", err)
+	}
+
+	// Close from another goroutine wakes the reader with an error.
+	s.setDeadline(time.Time{})
+	ch = readAsync(s)
+	select {
+	case err := <-ch:
+		t.Fatalf("read returned early: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	_ = s.close()
+	if err := within(t, ch, 5*time.Second, "close"); err == nil {
+		t.Fatal("read on a closed connection succeeded")
+	}
+}
+
+// A reader waiting when the poller stops goes on waiting on Go's poller.
+func TestPollerStopFallsBack(t *testing.T) {
+	p, err := newPoller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.run(ctx)
+	}()
+	a, b := tcpPair(t)
+	s := newSockIO(a, p)
+	defer s.release()
+	ch := readAsync(s)
+	select {
+	case err := <-ch:
+		t.Fatalf("read returned early: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	cancel()
+	<-done
+	if _, err := b.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, ch, 5*time.Second, "read after stop"); err != nil {
+		t.Fatal(err)
+	}
+	if s2 := newSockIO(b, p); s2.pw != nil {
+		t.Fatal("a stopped poller registered a socket")
+	}
+}
