@@ -30,6 +30,7 @@ type App struct {
 	marker string // roled's marker file, copied into each file (epoch proof)
 	dsn    string
 	conns  chan *pgx.Conn // idle connections to the local database
+	open   atomic.Int32   // connections open, idle or in use
 	slots  chan struct{}  // bounds open connections, like any application pool
 	table  atomic.Bool
 }
@@ -116,21 +117,36 @@ func (a *App) conn(ctx context.Context) (c *pgx.Conn, pooled bool, err error) {
 	case c := <-a.conns:
 		return c, true, nil
 	default:
-		c, err := pgx.Connect(ctx, a.dsn)
+		c, err := a.connect(ctx)
 		return c, false, err
 	}
+}
+
+// connect opens a connection and counts it.
+func (a *App) connect(ctx context.Context) (*pgx.Conn, error) {
+	c, err := pgx.Connect(ctx, a.dsn)
+	if err == nil {
+		a.open.Add(1)
+	}
+	return c, err
+}
+
+// close closes a connection and uncounts it.
+func (a *App) close(c *pgx.Conn) {
+	a.open.Add(-1)
+	_ = c.Close(context.Background())
 }
 
 // release keeps a healthy connection for the next request.
 func (a *App) release(c *pgx.Conn, err error) {
 	if err != nil {
-		_ = c.Close(context.Background())
+		a.close(c)
 		return
 	}
 	select {
 	case a.conns <- c:
 	default:
-		_ = c.Close(context.Background())
+		a.close(c)
 	}
 }
 
@@ -159,13 +175,14 @@ func (a *App) keepWarm(ctx context.Context, every time.Duration) {
 // short because a connection is out being checked (it would open a cold
 // one: 0.4 s measured on a new primary).
 func (a *App) refresh(ctx context.Context) {
+	checked := map[*pgx.Conn]bool{}
 	for range cap(a.conns) {
 		select {
 		case a.slots <- struct{}{}:
 		default:
 			return // busy serving: the connections are in use, hence checked
 		}
-		ok := a.refreshOne(ctx)
+		ok := a.refreshOne(ctx, checked)
 		<-a.slots
 		if !ok {
 			return // the database is down; try again next tick
@@ -173,29 +190,34 @@ func (a *App) refresh(ctx context.Context) {
 	}
 }
 
-// refreshOne pings an idle connection, or opens one if none is idle.
-func (a *App) refreshOne(ctx context.Context) bool {
+// refreshOne opens a connection while fewer than the pool's size are open
+// (after a restart of the database all of them died), else pings an idle
+// one not yet checked in this round.
+func (a *App) refreshOne(ctx context.Context, checked map[*pgx.Conn]bool) bool {
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if int(a.open.Load()) < cap(a.conns) {
+		c, err := a.connect(cctx)
+		if err != nil {
+			return false
+		}
+		a.release(c, nil)
+		return true
+	}
 	var c *pgx.Conn
 	select {
 	case c = <-a.conns:
 	default:
+		return true // all in use
 	}
-	cctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	var err error
-	if c != nil {
-		err = c.Ping(cctx)
-	} else {
-		c, err = pgx.Connect(cctx, a.dsn)
+	if checked[c] {
+		a.release(c, nil)
+		return true
 	}
-	if err != nil {
-		if c != nil {
-			_ = c.Close(context.Background())
-		}
-		return false
-	}
-	a.release(c, nil)
-	return true
+	checked[c] = true
+	err := c.Ping(cctx)
+	a.release(c, err)
+	return err == nil
 }
 
 // drain closes the idle connections at exit.
@@ -203,7 +225,7 @@ func (a *App) drain() {
 	for {
 		select {
 		case c := <-a.conns:
-			_ = c.Close(context.Background())
+			a.close(c)
 		default:
 			return
 		}
@@ -216,25 +238,34 @@ func (a *App) drain() {
 func (a *App) insert(ctx context.Context, id int64) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	t0 := time.Now()
 	select {
 	case a.slots <- struct{}{}:
 		defer func() { <-a.slots }()
 	case <-ctx.Done():
 		return fmt.Errorf("no database connection free: %w", ctx.Err())
 	}
+	t1 := time.Now()
 	c, pooled, err := a.conn(ctx)
 	if err != nil {
 		return err
 	}
+	t2 := time.Now()
 	err = a.insertOn(ctx, c, id)
 	a.release(c, err)
+	if el := time.Since(t0); el > 100*time.Millisecond {
+		// Logged for post-mortems of a switchover's longest waits.
+		fmt.Fprintf(os.Stderr, "%s write %d: slow insert %v (slot %v, connection %v pooled=%v, statement %v, err %v)\n",
+			time.Now().Format("15:04:05.000"), id, el.Round(time.Millisecond), t1.Sub(t0).Round(time.Millisecond),
+			t2.Sub(t1).Round(time.Millisecond), pooled, time.Since(t2).Round(time.Millisecond), err)
+	}
 	if err == nil || !pooled {
 		return err
 	}
 	// Logged for post-mortems: a retry costs a cold connection.
 	fmt.Fprintf(os.Stderr, "%s write %d: pooled connection failed (%v), retrying on a new one\n",
 		time.Now().Format("15:04:05.000"), id, err)
-	if c, err = pgx.Connect(ctx, a.dsn); err != nil {
+	if c, err = a.connect(ctx); err != nil {
 		return err
 	}
 	err = a.insertOn(ctx, c, id)

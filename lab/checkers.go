@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
 
 	"github.com/hapair/hapair/ctl"
@@ -208,11 +210,17 @@ func (c *PGChecker) node(ctx context.Context, h string) {
 			qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 			_, err := conn.Exec(qctx, "SELECT txid_current()")
 			cancel()
-			if err == nil {
+			switch {
+			case err == nil:
 				c.mu.Lock()
 				c.ok[h] = append(c.ok[h], time.Now())
 				c.mu.Unlock()
-			} else {
+			case keepConn(conn, err):
+				// A replica refusing the write keeps the session: the same
+				// connection succeeds the moment it is promoted, and the
+				// checker does not fork a backend (with SCRAM) every 50 ms
+				// on the node under test.
+			default:
 				_ = conn.Close(context.Background())
 				conn = nil
 			}
@@ -222,6 +230,13 @@ func (c *PGChecker) node(ctx context.Context, h string) {
 		case <-t.C:
 		}
 	}
+}
+
+// keepConn: the server answered with a statement error (a replica in
+// recovery) and the session is still usable.
+func keepConn(conn *pgx.Conn, err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Severity == "ERROR" && !conn.IsClosed()
 }
 
 // FirstOK returns the first successful write check on node at or after since.

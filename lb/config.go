@@ -71,6 +71,8 @@ type BackendConfig struct {
 	Balance               Balance        `yaml:"balance"`
 	HoldTimeout           *time.Duration `yaml:"hold-timeout"` // nil = default 5s
 	HoldQueue             int            `yaml:"hold-queue"`
+	MaxConns              int            `yaml:"max-conns"`     // per server; 0 = unlimited
+	QueueTimeout          time.Duration  `yaml:"queue-timeout"` // wait for a free slot under max-conns
 	RetryAfter            time.Duration  `yaml:"retry-after"`
 	Retries               *int           `yaml:"retries"`
 	MaxFails              int            `yaml:"max-fails"`
@@ -277,6 +279,13 @@ func (b *BackendConfig) validate(p string, haveEtcd bool) error {
 		return config.Errorf(p+".hold-timeout", *b.HoldTimeout, "must not be negative (0 disables)")
 	}
 	setDefault(&b.HoldQueue, 1024)
+	if b.MaxConns < 0 {
+		return config.Errorf(p+".max-conns", b.MaxConns, "must not be negative (0: no limit)")
+	}
+	setDefaultDur(&b.QueueTimeout, 5*time.Second)
+	if b.QueueTimeout < 0 {
+		return config.Errorf(p+".queue-timeout", b.QueueTimeout, "must not be negative")
+	}
 	setDefaultDur(&b.RetryAfter, time.Second)
 	if b.Retries == nil {
 		n := 2

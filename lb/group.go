@@ -225,8 +225,11 @@ func (g *Group) setKey(k activeKey) {
 // acquire picks a server for a new request, waiting up to hold-timeout
 // when none is eligible. The caller must call release on the result.
 func (g *Group) acquire(ctx context.Context, exclude []*Server) (*Server, error) {
-	if s := g.pick(exclude); s != nil {
+	if s := g.tryPick(exclude); s != nil {
 		return s, nil
+	}
+	if g.saturated(exclude) || g.cfg.MaxConns > 0 && g.waiting.Load() > 0 && len(*g.eligible.Load()) > 0 {
+		return g.wait(ctx, exclude, g.cfg.QueueTimeout)
 	}
 	hold := *g.cfg.HoldTimeout
 	if len(*g.eligible.Load()) > 0 && g.cfg.Check.ChecksEnabled() {
@@ -238,13 +241,20 @@ func (g *Group) acquire(ctx context.Context, exclude []*Server) (*Server, error)
 	if hold <= 0 || len(*g.eligible.Load()) > 0 && !g.cfg.Check.ChecksEnabled() {
 		return nil, ErrNoServer
 	}
+	return g.wait(ctx, exclude, hold)
+}
+
+// wait queues a request for up to timeout: while no server may take
+// traffic (the switchover hold) or while every eligible one is at
+// max-conns.
+func (g *Group) wait(ctx context.Context, exclude []*Server, timeout time.Duration) (*Server, error) {
 	if g.waiting.Add(1) > int64(g.cfg.HoldQueue) {
 		g.waiting.Add(-1)
 		return nil, ErrHoldFull
 	}
 	defer g.waiting.Add(-1)
 	start := time.Now()
-	t := time.NewTimer(hold)
+	t := time.NewTimer(timeout)
 	defer t.Stop()
 	s, err := g.hold(ctx, exclude, t.C)
 	g.m.holdWait.WithLabelValues(g.cfg.Name).Observe(time.Since(start).Seconds())
@@ -327,29 +337,46 @@ func (g *Group) dequeue(h *holder) {
 	}
 }
 
+// tryPick is pick for a request that has not waited yet: under max-conns
+// it does not overtake queued requests (a slot that frees goes to the
+// oldest waiter).
+func (g *Group) tryPick(exclude []*Server) *Server {
+	if g.cfg.MaxConns > 0 && len(exclude) == 0 && g.waiting.Load() > 0 {
+		return nil
+	}
+	return g.pick(exclude)
+}
+
 // pick chooses among eligible servers and counts the request on it.
 func (g *Group) pick(exclude []*Server) *Server {
 	list := *g.eligible.Load()
-	var s *Server
-	switch {
-	case len(list) == 0:
-		return nil
-	case len(list) == 1 && g.cfg.MaxFails == 0 && len(exclude) == 0:
-		s = list[0]
-	default:
-		s = g.pickPolicy(list, exclude, true)
-		if s == nil && g.cfg.MaxFails > 0 {
-			// Every server is marked failed: like Nginx, try them anyway
-			// rather than refuse everything.
-			s = g.pickPolicy(list, exclude, false)
+	// A server chosen as below max-conns can fill up before take: pick
+	// again (a few times; then the caller queues).
+	for try := 0; try < 4; try++ {
+		var s *Server
+		switch {
+		case len(list) == 0:
+			return nil
+		case len(list) == 1 && g.cfg.MaxFails == 0 && len(exclude) == 0:
+			s = list[0]
+		default:
+			s = g.pickPolicy(list, exclude, true)
+			if s == nil && g.cfg.MaxFails > 0 {
+				// Every server is marked failed: like Nginx, try them anyway
+				// rather than refuse everything.
+				s = g.pickPolicy(list, exclude, false)
+			}
+		}
+		if s == nil {
+			return nil
+		}
+		if g.take(s) {
+			s.requests.Add(1)
+			s.mReq.Inc()
+			return s
 		}
 	}
-	if s != nil {
-		s.active.Add(1)
-		s.requests.Add(1)
-		s.mReq.Inc()
-	}
-	return s
+	return nil
 }
 
 func (g *Group) pickPolicy(list, exclude []*Server, honourFails bool) *Server {
@@ -366,7 +393,8 @@ func (g *Group) pickPolicy(list, exclude []*Server, honourFails bool) *Server {
 // usable: not already tried by this request, not passively marked failed
 // (now == 0 skips that test).
 func (g *Group) usable(s *Server, exclude []*Server, now int64) bool {
-	return !contains(exclude, s) && (now == 0 || !s.passiveFailed(now))
+	return !contains(exclude, s) && (now == 0 || !s.passiveFailed(now)) &&
+		(g.cfg.MaxConns == 0 || s.active.Load() < int64(g.cfg.MaxConns))
 }
 
 // pickLeast: fewest in-flight requests per weight, ties broken at random.
@@ -414,8 +442,58 @@ func (g *Group) pickRR(list, exclude []*Server, now int64) *Server {
 	return nil
 }
 
-// release ends a request or session started by acquire.
-func (s *Server) release() { s.active.Add(-1) }
+// release ends a request or session started by acquire. Under max-conns
+// it wakes the queue: the freed slot may be the one its front waits for.
+func (s *Server) release() {
+	s.active.Add(-1)
+	if g := s.group; g.cfg.MaxConns > 0 && g.waiting.Load() > 0 {
+		g.wake()
+	}
+}
+
+// wake tells waiters to look again (eligibility changed or a slot freed).
+func (g *Group) wake() {
+	g.mu.Lock()
+	close(g.changed)
+	g.changed = make(chan struct{})
+	g.mu.Unlock()
+}
+
+// saturated: some eligible server this request may use exists, but every
+// such server is at max-conns.
+func (g *Group) saturated(exclude []*Server) bool {
+	if g.cfg.MaxConns == 0 {
+		return false
+	}
+	found := false
+	for _, s := range *g.eligible.Load() {
+		if contains(exclude, s) {
+			continue
+		}
+		if s.active.Load() < int64(g.cfg.MaxConns) {
+			return false
+		}
+		found = true
+	}
+	return found
+}
+
+// take counts a request on s unless s is at max-conns.
+func (g *Group) take(s *Server) bool {
+	if g.cfg.MaxConns == 0 {
+		s.active.Add(1)
+		return true
+	}
+	for {
+		n := s.active.Load()
+		if n >= int64(g.cfg.MaxConns) {
+			return false
+		}
+		if s.active.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
 
 // Status is the JSON view of a backend.
 type Status struct {

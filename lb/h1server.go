@@ -285,7 +285,7 @@ func (s *h1Server) proxy(hc *h1Conn, g *Group) (int, bool) {
 // away ends the wait (counted in hold_cancelled_total) instead of keeping a
 // place in the hold queue until hold-timeout.
 func (hc *h1Conn) acquire(g *Group, tried []*Server) (*Server, error) {
-	if srv := g.pick(tried); srv != nil {
+	if srv := g.tryPick(tried); srv != nil {
 		return srv, nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
