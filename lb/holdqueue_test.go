@@ -15,14 +15,21 @@ import (
 // new requests are held.
 func holdGroup(t *testing.T, hold time.Duration) (*Group, *Server) {
 	t.Helper()
+	return oneServerGroup(t, AdminMaint, func(b *BackendConfig) { b.HoldTimeout = &hold })
+}
+
+// oneServerGroup is a one-server pool group, edited by edit before
+// validation, with its server in the admin state given.
+func oneServerGroup(t *testing.T, admin AdminState, edit func(*BackendConfig)) (*Group, *Server) {
+	t.Helper()
 	cfg := poolConfig("127.0.0.1:1")
-	cfg.Backends[0].HoldTimeout = &hold
+	edit(&cfg.Backends[0])
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	g := newGroup(cfg.Backends[0], zap.NewNop(), NewMetrics(prometheus.NewRegistry()))
 	s := g.servers[0]
-	s.admin.Store(uint32(AdminMaint))
+	s.admin.Store(uint32(admin))
 	g.recompute("test")
 	return g, s
 }

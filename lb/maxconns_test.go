@@ -6,24 +6,12 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 )
 
 // limitGroup is a one-server pool, up and eligible, with max-conns n.
 func limitGroup(t *testing.T, n int, queue time.Duration) (*Group, *Server) {
 	t.Helper()
-	cfg := poolConfig("127.0.0.1:1")
-	cfg.Backends[0].MaxConns = n
-	cfg.Backends[0].QueueTimeout = queue
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	g := newGroup(cfg.Backends[0], zap.NewNop(), NewMetrics(prometheus.NewRegistry()))
-	s := g.servers[0]
-	s.admin.Store(uint32(AdminReady))
-	g.recompute("test")
+	g, s := oneServerGroup(t, AdminReady, func(b *BackendConfig) { b.MaxConns, b.QueueTimeout = n, queue })
 	if len(*g.eligible.Load()) != 1 {
 		t.Fatal("server not eligible")
 	}

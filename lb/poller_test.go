@@ -9,8 +9,9 @@ import (
 	"time"
 )
 
-// startPoller runs a poller until the test ends.
-func startPoller(t *testing.T) *poller {
+// startPoller runs a poller until stop is called or the test ends; stop
+// returns once the poller has stopped.
+func startPoller(t *testing.T) (p *poller, stop func()) {
 	t.Helper()
 	p, err := newPoller()
 	if err != nil {
@@ -22,8 +23,9 @@ func startPoller(t *testing.T) *poller {
 		defer close(done)
 		p.run(ctx)
 	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return p
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return p, stop
 }
 
 // tcpPair returns both ends of a loopback TCP connection.
@@ -78,7 +80,7 @@ func within(t *testing.T, ch <-chan error, d time.Duration, what string) error {
 }
 
 func TestPollerWakesReaders(t *testing.T) {
-	p := startPoller(t)
+	p, _ := startPoller(t)
 	a, b := tcpPair(t)
 	s := newSockIO(a, p)
 	defer s.release()
@@ -110,7 +112,7 @@ func TestPollerWakesReaders(t *testing.T) {
 }
 
 func TestPollerDeadlineAndClose(t *testing.T) {
-	p := startPoller(t)
+	p, _ := startPoller(t)
 	a, _ := tcpPair(t)
 	s := newSockIO(a, p)
 	defer s.release()
@@ -153,16 +155,7 @@ func TestPollerDeadlineAndClose(t *testing.T) {
 
 // A reader waiting when the poller stops goes on waiting on Go's poller.
 func TestPollerStopFallsBack(t *testing.T) {
-	p, err := newPoller()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		p.run(ctx)
-	}()
+	p, stop := startPoller(t)
 	a, b := tcpPair(t)
 	s := newSockIO(a, p)
 	defer s.release()
@@ -172,8 +165,7 @@ func TestPollerStopFallsBack(t *testing.T) {
 		t.Fatalf("read returned early: %v", err)
 	case <-time.After(50 * time.Millisecond):
 	}
-	cancel()
-	<-done
+	stop()
 	if _, err := b.Write([]byte("x")); err != nil {
 		t.Fatal(err)
 	}
