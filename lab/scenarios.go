@@ -131,6 +131,12 @@ func switchoverOnce(ctx context.Context, l *Lab, r *Result, label, to string) {
 	r.secs(name+": max wait", rep.MaxWait)
 	r.secs(name+": Patroni REST returned", res.PatroniDone)
 	followFigures(r, pr, rep, name, to, t0)
+	if pgOK, ok := pr.pg.FirstOK(to, t0); ok && label == "hold on" {
+		// The part of the longest wait that is not Patroni's: the new
+		// PostgreSQL's first write counted from the switchover request is
+		// Patroni's own time (plus up to one probe interval).
+		r.secs(name+": max wait beyond new PG writable", rep.MaxWait-pgOK.Sub(t0))
+	}
 	if dual, _ := pr.ha.Dual(); dual > 0 {
 		r.fail("%s: checker saw two ACTIVE nodes in %d rounds", name, dual)
 	}
