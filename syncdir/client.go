@@ -55,6 +55,10 @@ func (sd *sender) execute(ctx context.Context, j job) result {
 		r.batch = sd.s.sendBatch(ctx, rt, j.batch)
 		return r
 	case jobPut:
+		if j.grow != nil || j.ent.Size >= bulkMin {
+			r.ent, r.err = sd.s.sendGrowing(ctx, rt, j.k.rel, j.grow)
+			return r
+		}
 		r.ent, r.err = sd.s.sendFile(ctx, rt, j.k.rel)
 		return r
 	case jobMkdir:
@@ -358,7 +362,11 @@ func (s *Syncer) callInto(ctx context.Context, rt *rootState, op opKind, v url.V
 	if s.token != "" {
 		req.Header.Set(hdrToken, "Bearer "+s.token)
 	}
-	resp, err := s.client.Do(req)
+	c := s.client
+	if op == opPut && size < 0 {
+		c = s.bulk
+	}
+	resp, err := c.Do(req)
 	if err != nil {
 		return fmt.Errorf("syncdir: %s %s: %w", op, v.Get("path"), err)
 	}

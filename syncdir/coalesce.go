@@ -97,8 +97,8 @@ func (c *coalesceConn) Close() error {
 }
 
 // dialTLS dials addr and runs the TLS handshake over a coalesceConn, for
-// http.Transport.DialTLSContext (HTTP/2 is negotiated by ALPN).
-func dialTLS(d *net.Dialer, cfg *tls.Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+// http.Transport.DialTLSContext; proto is the one protocol offered by ALPN.
+func dialTLS(d *net.Dialer, cfg *tls.Config, proto string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		raw, err := d.DialContext(ctx, network, addr)
 		if err != nil {
@@ -113,7 +113,7 @@ func dialTLS(d *net.Dialer, cfg *tls.Config) func(ctx context.Context, network, 
 			}
 			c.ServerName = host
 		}
-		c.NextProtos = []string{"h2"}
+		c.NextProtos = []string{proto}
 		tc := tls.Client(newCoalesceConn(raw), c)
 		hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
 		defer cancel()

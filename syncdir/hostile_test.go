@@ -253,6 +253,7 @@ func TestConfigRequiresAuth(t *testing.T) {
 // must never panic, and whatever it accepts must be confined to the root.
 func FuzzDecodeRequest(f *testing.F) {
 	f.Add([]byte("PUT /v1/put/data?path=a/b&mode=644&mtime=1 HTTP/1.1\r\nHost: x\r\nX-Hapair-Epoch: 1\r\nX-Hapair-Node: a\r\nContent-Length: 0\r\n\r\n"))
+	f.Add([]byte("PUT /v1/put/data?path=a&mode=644&mtime=1&stream=1 HTTP/1.1\r\nHost: x\r\nX-Hapair-Epoch: 1\r\nX-Hapair-Node: a\r\nTransfer-Encoding: chunked\r\nTrailer: X-Hapair-Size\r\n\r\n2\r\nhi\r\n0\r\nX-Hapair-Size: 2\r\n\r\n"))
 	f.Add([]byte("PUT /v1/batch/data?n=2 HTTP/1.1\r\nHost: x\r\nX-Hapair-Epoch: 1\r\nX-Hapair-Node: a\r\nContent-Length: 72\r\n\r\n" +
 		"path=a&mode=644&mtime=1&size=2\nhipath=..%2fb&mode=644&mtime=1&size=3\nbad"))
 	f.Fuzz(func(t *testing.T, data []byte) {

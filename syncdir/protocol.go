@@ -14,6 +14,8 @@ import (
 // URL path, its arguments in the query, the fencing data in headers.
 //
 //	PUT  /v1/put/<root>?path=P&mode=0644&mtime=NS    body = content (Content-Length required)
+//	PUT  /v1/put/<root>?path=P&mode=0644&mtime=NS&stream=1    body = content of a file
+//	     still being written, length unknown; size and mtime follow in trailers
 //	PUT  /v1/batch/<root>?n=N                   body = N small files, see batch.go
 //	POST /v1/mkdir/<root>?path=P&mode=0755
 //	POST /v1/delete/<root>?path=P
@@ -29,6 +31,10 @@ const (
 	hdrCommit     = "X-Hapair-Commit"
 	commitOK      = "ok"
 	commitChanged = "changed"
+	// hdrSize and hdrMtime are trailers of a streamed put (stream=1): the
+	// file's final size and mtime, known only once its writer is done.
+	hdrSize  = "X-Hapair-Size"
+	hdrMtime = "X-Hapair-Mtime"
 )
 
 // Reserved names: never synced, never accepted from the wire.
@@ -65,8 +71,9 @@ type request struct {
 	target string // symlink target
 	mode   uint32
 	mtime  int64
-	size   int64
-	count  int // files in a batch
+	size   int64 // -1: streamed, the size comes in a trailer
+	stream bool  // put of a file still being written
+	count  int   // files in a batch
 	epoch  int64
 	node   string
 	owner  bool // uid and gid were sent
@@ -127,10 +134,16 @@ func decodeRequest(r *http.Request) (request, error) {
 		return q, decodeBatchArgs(v, &q)
 	}
 	if q.op == opPut {
-		if r.ContentLength < 0 {
+		switch s := v.Get("stream"); {
+		case s == "1":
+			q.stream, q.size = true, -1
+		case s != "":
+			return q, refuse("bad-request", http.StatusBadRequest, "bad stream %q", s)
+		case r.ContentLength < 0:
 			return q, refuse("bad-request", http.StatusLengthRequired, "put needs Content-Length")
+		default:
+			q.size = r.ContentLength
 		}
-		q.size = r.ContentLength
 	}
 	return q, decodeArgs(v, &q)
 }
@@ -176,6 +189,7 @@ func decodeArgs(v url.Values, q *request) error {
 	switch q.op {
 	case opPut:
 		allowed["mode"], allowed["mtime"] = true, true
+		allowed["stream"] = q.stream
 		if q.mode, err = parseMode(v.Get("mode")); err != nil {
 			return err
 		}

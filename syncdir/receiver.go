@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -165,10 +166,11 @@ func (s *Syncer) recvPut(r *http.Request, rt *rootState, q request) error {
 	start := time.Now()
 	err = setOwner(f.Chown, q)
 	if err == nil {
-		err = writeBody(f, r.Body, r.Trailer, q)
+		q.size, q.mtime, err = writeBody(f, r.Body, r.Trailer, q)
 	}
 	if ce := s.lg.Check(zap.DebugLevel, "sync put received"); ce != nil {
-		ce.Write(zap.String("path", q.path), zap.Int64("size", q.size), zap.Time("start", start), zap.Duration("took", time.Since(start)))
+		ce.Write(zap.String("path", q.path), zap.Int64("size", q.size), zap.Bool("stream", q.stream),
+			zap.Time("start", start), zap.Duration("took", time.Since(start)))
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -187,6 +189,9 @@ func (s *Syncer) recvPut(r *http.Request, rt *rootState, q request) error {
 func (s *Syncer) install(rt *rootState, q request, tmp string, prepErr error, size int64) error {
 	err := prepErr
 	if err == nil {
+		err = s.stillAdmitted(q)
+	}
+	if err == nil {
 		err = s.makeRoom(rt, q.path, q.epoch, false)
 	}
 	if err == nil {
@@ -204,40 +209,143 @@ func (s *Syncer) install(rt *rootState, q request, tmp string, prepErr error, si
 	return nil
 }
 
-// writeBody copies exactly q.size bytes, then sets the mode and fsyncs. A
-// short body (truncated, cancelled sender) is an error, never a short file.
-func writeBody(f *os.File, body io.Reader, trailer http.Header, q request) error {
+// stillAdmitted repeats the fence checks of admit just before a file is
+// installed: a big or streamed file takes long enough to arrive for this
+// node to start taking the active key, or a newer sender to appear, meanwhile.
+func (s *Syncer) stillAdmitted(q request) error {
+	if h := s.epochs.get(); q.epoch < h {
+		return refuse("stale-epoch", http.StatusConflict, "epoch %d from %s fell below %d while the file arrived", q.epoch, q.node, h)
+	}
+	if s.fence.Holding() {
+		return refuse("holding", http.StatusConflict, "this node began taking the active role while the file arrived")
+	}
+	return nil
+}
+
+// writeBody copies the body (exactly q.size bytes, or for a stream all of
+// it and then checks the size in the trailer), sets the mode and fsyncs; it
+// returns the file's size and mtime. A short body (truncated, cancelled
+// sender) is an error, never a short file.
+func writeBody(f *os.File, body io.Reader, trailer http.Header, q request) (int64, int64, error) {
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	wb := &writeBehind{f: f}
 	defer wb.wait()
-	n, err := io.CopyBuffer(wb, io.LimitReader(body, q.size), *bp)
-	if err != nil {
-		return fmt.Errorf("write: %w", err)
+	src := body
+	if !q.stream {
+		src = io.LimitReader(body, q.size)
 	}
-	if n != q.size {
-		return fmt.Errorf("write: body ended after %d of %d bytes: %w", n, q.size, io.ErrUnexpectedEOF)
+	var n int64
+	var err error
+	if q.stream || q.size >= bulkMin {
+		n, err = pipeCopy(wb, src)
+	} else {
+		n, err = io.CopyBuffer(wb, src, *bp)
+	}
+	if err != nil {
+		return n, q.mtime, fmt.Errorf("write: %w", err)
+	}
+	if !q.stream && n != q.size {
+		return n, q.mtime, fmt.Errorf("write: body ended after %d of %d bytes: %w", n, q.size, io.ErrUnexpectedEOF)
 	}
 	// Read to the end so the trailer arrives; a sender that saw its file
 	// change while reading says so there.
 	if _, err := io.CopyN(io.Discard, body, 1); err == nil {
-		return refuse("bad-request", http.StatusBadRequest, "body longer than Content-Length")
+		return n, q.mtime, refuse("bad-request", http.StatusBadRequest, "body longer than Content-Length")
 	} else if !errors.Is(err, io.EOF) {
-		return fmt.Errorf("write: %w", err)
+		return n, q.mtime, fmt.Errorf("write: %w", err)
 	}
-	if c := trailer.Get(hdrCommit); c != "" && c != commitOK {
-		return refuse("source-changed", http.StatusConflict, "the file changed while it was sent")
+	if c := trailer.Get(hdrCommit); (c != "" || q.stream) && c != commitOK {
+		return n, q.mtime, refuse("source-changed", http.StatusConflict, "the file changed while it was sent")
+	}
+	mtime, err := streamEnd(trailer, q, n)
+	if err != nil {
+		return n, q.mtime, err
 	}
 	if err := f.Chmod(fileMode(q.mode)); err != nil {
-		return err
+		return n, mtime, err
 	}
 	if err := wb.wait(); err != nil {
-		return fmt.Errorf("fdatasync: %w", err)
+		return n, mtime, fmt.Errorf("fdatasync: %w", err)
 	}
 	if err := f.Sync(); err != nil {
-		return fmt.Errorf("fsync: %w", err)
+		return n, mtime, fmt.Errorf("fsync: %w", err)
 	}
-	return nil
+	return n, mtime, nil
+}
+
+// pipeCopy copies a big body with the reads (network, TLS) and the writes
+// (file, write-behind) on two goroutines: on one, a big file's receiver is
+// one long chain of system calls and decryption, the longest of the
+// transfer; split, the two halves overlap on two cores.
+func pipeCopy(dst io.Writer, src io.Reader) (int64, error) {
+	const nbuf = 4
+	free, full := make(chan *[]byte, nbuf), make(chan []byte, nbuf)
+	for range nbuf {
+		free <- pipeBufs.Get().(*[]byte)
+	}
+	var failed atomic.Bool
+	werr := make(chan error, 1)
+	go func() {
+		var err error
+		for b := range full {
+			if err == nil {
+				if _, err = dst.Write(b); err != nil {
+					failed.Store(true)
+				}
+			}
+			b = b[:cap(b)]
+			free <- &b
+		}
+		werr <- err
+	}()
+	var n int64
+	var rerr error
+	for !failed.Load() {
+		bp := <-free
+		k, err := io.ReadFull(src, *bp)
+		n += int64(k)
+		if k > 0 {
+			full <- (*bp)[:k]
+		} else {
+			free <- bp
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				rerr = err
+			}
+			break
+		}
+	}
+	close(full)
+	err := <-werr
+	for range nbuf {
+		pipeBufs.Put(<-free)
+	}
+	if err != nil {
+		return n, err
+	}
+	return n, rerr
+}
+
+var pipeBufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+
+// streamEnd checks a streamed put's trailers against the n bytes received
+// and returns the mtime to give the file. The size must match exactly: a
+// stream cut short by the sender never becomes a short file.
+func streamEnd(trailer http.Header, q request, n int64) (int64, error) {
+	if !q.stream {
+		return q.mtime, nil
+	}
+	size, err := strconv.ParseInt(trailer.Get(hdrSize), 10, 64)
+	if err != nil || size != n {
+		return 0, refuse("bad-request", http.StatusBadRequest, "stream of %d bytes announced size %q", n, trailer.Get(hdrSize))
+	}
+	mtime, err := strconv.ParseInt(trailer.Get(hdrMtime), 10, 64)
+	if err != nil {
+		return 0, refuse("bad-request", http.StatusBadRequest, "bad stream mtime %q", trailer.Get(hdrMtime))
+	}
+	return mtime, nil
 }
 
 // writeBehind writes a big file back to disk while it is still being

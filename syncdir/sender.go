@@ -28,6 +28,8 @@ type pend struct {
 	writing   bool      // written and not yet closed: wait for the close
 	closed    bool      // its writer closed it: no reason to wait
 	noRename  bool
+	early     bool      // stream it while it is still being written (grow.go)
+	sized     time.Time // last look at its size for that
 	attempts  int
 	notBefore time.Time
 }
@@ -59,9 +61,10 @@ type job struct {
 	ent    entry  // local state when dispatched
 	target string // symlink target
 	p      *pend
-	p2     *pend // rename target's pend
-	batch  []job // jobBatch: the puts it carries
-	small  bool  // a small put or a batch: counts against maxSmallInflight
+	p2     *pend    // rename target's pend
+	batch  []job    // jobBatch: the puts it carries
+	small  bool     // a small put or a batch: counts against maxSmallInflight
+	grow   *growing // a put streamed while the file is written
 	queued time.Time
 }
 
@@ -93,6 +96,13 @@ type sender struct {
 	small    int // small puts and batches in flight
 	jobs     chan job
 	results  chan result
+
+	// streams are the files sent while still written, by key; the watcher
+	// tells them about writes and the close. noEarly: paths whose early
+	// stream failed, sent the ordinary way from then on.
+	streams sync.Map
+	nEarly  int
+	noEarly map[key]bool
 
 	needReconcile bool
 	pauseUntil    time.Time
@@ -136,7 +146,7 @@ func (s *Syncer) runSenderOnce(ctx context.Context, epoch int64) error {
 	defer w.Close()
 	sd := &sender{
 		s: s, epoch: epoch, incoming: map[key]noteVal{}, wake: make(chan struct{}, 1),
-		pending: map[key]*pend{}, inflight: map[key]*pend{},
+		pending: map[key]*pend{}, inflight: map[key]*pend{}, noEarly: map[key]bool{},
 		jobs: make(chan job), results: make(chan result, s.cfg.Concurrency),
 		needReconcile: true,
 	}
@@ -180,9 +190,13 @@ func (sd *sender) drain() {
 }
 
 func (sd *sender) note(root int, rel string, st writeState) {
+	k := key{root, rel}
 	sd.mu.Lock()
-	sd.incoming[key{root, rel}] = noteVal{at: time.Now(), st: st}
+	sd.incoming[k] = noteVal{at: time.Now(), st: st}
 	sd.mu.Unlock()
+	if g, ok := sd.streams.Load(k); ok {
+		g.(*growing).signal(st == closed)
+	}
 	sd.poke()
 }
 
@@ -373,6 +387,10 @@ func (sd *sender) dispatch(now time.Time) time.Duration {
 		}
 		at := p.last.Add(deb)
 		if p.writing {
+			if !now.Before(p.notBefore) && sd.startEarly(k, p, now) {
+				ready = append(ready, k)
+				continue
+			}
 			at = p.last.Add(holdOpen)
 		}
 		if p.notBefore.After(at) {
@@ -399,6 +417,26 @@ func (sd *sender) dispatch(now time.Time) time.Duration {
 		wait = w
 	}
 	return wait
+}
+
+// startEarly reports whether k, still being written, is big enough to be
+// streamed now (grow.go), and marks it so. A file is looked at only once
+// it has been written for earlyLook, and then every earlyLook: the small
+// files of a burst are closed long before, and cost no stat here.
+func (sd *sender) startEarly(k key, p *pend, now time.Time) bool {
+	if p.early {
+		return true
+	}
+	if sd.nEarly >= maxEarly || sd.noEarly[k] || now.Sub(p.since) < earlyLook || now.Sub(p.sized) < earlyLook {
+		return false
+	}
+	p.sized = now
+	fi, err := sd.s.roots[k.root].root.Lstat(k.rel)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() < earlyMin {
+		return false
+	}
+	p.early = true
+	return true
 }
 
 // lessPath orders parents before children.
@@ -482,7 +520,9 @@ func (sd *sender) plan(ready []key, now time.Time) time.Duration {
 		if !l.p.force && sd.unchanged(rt, l.k.rel, l.ent, movedDirs) {
 			continue
 		}
-		if l.ent.Kind == 'f' && !l.p.closed {
+		early := l.p.early && l.ent.Kind == 'f' && !l.p.closed && l.ent.Size >= earlyMin && sd.nEarly < maxEarly
+		l.p.early = false
+		if l.ent.Kind == 'f' && !l.p.closed && !early {
 			// Modified moments ago and no close seen (a reconcile found it, or
 			// the events are still on their way): give the writer time.
 			if until := time.Unix(0, l.ent.Mtime).Add(holdOpen); now.Before(until) {
@@ -495,6 +535,11 @@ func (sd *sender) plan(ready []key, now time.Time) time.Duration {
 			}
 		}
 		j := job{k: l.k, ent: l.ent, p: l.p, target: l.tgt}
+		if early {
+			j.grow = newGrowing()
+			sd.streams.Store(j.k, j.grow)
+			sd.nEarly++
+		}
 		switch l.ent.Kind {
 		case 'f':
 			j.kind = jobPut
@@ -602,6 +647,13 @@ func (sd *sender) finish(r result, note bool) bool {
 	if j.kind == jobRename {
 		delete(sd.inflight, key{j.k.root, j.to})
 	}
+	if j.grow != nil {
+		sd.streams.Delete(j.k)
+		sd.nEarly--
+		if r.err != nil {
+			sd.noEarly[j.k] = true
+		}
+	}
 	if r.err == nil {
 		sd.confirmed(rt, r)
 		sd.backoff = 0
@@ -676,7 +728,10 @@ func (sd *sender) failed(r result, note bool) bool {
 		}
 		return false
 	case errors.Is(r.err, errSourceChanged), errors.As(r.err, &he) && he.reason == "source-changed":
-		sd.touch(j.k, now, false) // the change has its own event; look again
+		q := sd.touch(j.k, now, false) // the change has its own event; look again
+		if j.grow != nil && j.grow.closed.Load() && !q.writing {
+			q.closed = true // streamed while written, then closed: no need to wait
+		}
 		return false
 	case errors.As(r.err, &he) && he.reason == "rename-source":
 		requeue(j.k, j.p, true, true)

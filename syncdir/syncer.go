@@ -66,6 +66,7 @@ type Syncer struct {
 	rootByName map[string]*rootState
 	epochs     *epochStore
 	client     *http.Client
+	bulk       *http.Client // HTTP/1.1, for big files (grow.go)
 	serverTLS  *tls.Config
 	st         stats
 
@@ -186,6 +187,7 @@ func (s *Syncer) setupTLS() error {
 		},
 	}
 	tr.Protocols = new(http.Protocols)
+	bulk := newBulkTransport(dialer)
 	if s.cfg.TLS.CertFile == "" {
 		// Only reachable with insecure: true (Validate).
 		tr.Protocols.SetUnencryptedHTTP2(true)
@@ -199,7 +201,9 @@ func (s *Syncer) setupTLS() error {
 			cc.InsecureSkipVerify = true
 		}
 		tr.TLSClientConfig = cc
-		tr.DialTLSContext = dialTLS(dialer, cc)
+		tr.DialTLSContext = dialTLS(dialer, cc, "h2")
+		bulk.TLSClientConfig = cc
+		bulk.DialTLSContext = dialTLS(dialer, cc, "http/1.1")
 		sc, err := s.cfg.TLS.ServerConfig()
 		if err != nil {
 			return fmt.Errorf("syncdir: %w", err)
@@ -207,7 +211,30 @@ func (s *Syncer) setupTLS() error {
 		s.serverTLS = sc
 	}
 	s.client = &http.Client{Transport: tr}
+	s.bulk = &http.Client{Transport: bulk}
 	return nil
+}
+
+// newBulkTransport is the HTTP/1.1 transport of big files (bulkMin and
+// up, streamed: grow.go). Each has a connection of its own: it spends no
+// HTTP/2 flow control windows and its bytes take fewer copies on both sides
+// (from the sender's buffer to TLS, and from TLS to the receiver's buffer,
+// without HTTP/2 framing and stream buffers in between), and the small
+// files keep the shared HTTP/2 connection to themselves meanwhile.
+func newBulkTransport(d *net.Dialer) *http.Transport {
+	t := &http.Transport{
+		// Each transfer holds 4 MiB of buffers on either side (pipeCopy):
+		// the big files of an initial sync queue for a connection.
+		MaxConnsPerHost:     2 * maxEarly,
+		MaxIdleConnsPerHost: 2 * maxEarly,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: handshakeTimeout,
+		DialContext:         d.DialContext,
+		WriteBufferSize:     64 << 10,
+	}
+	t.Protocols = new(http.Protocols)
+	t.Protocols.SetHTTP1(true)
+	return t
 }
 
 // Run serves the receiver, runs the sender while the node is ACTIVE, and
@@ -256,6 +283,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 	}
 	s.flushRecords()
 	s.client.CloseIdleConnections()
+	s.bulk.CloseIdleConnections()
 	return err
 }
 

@@ -45,6 +45,7 @@ var (
 	rounds    = flag.Int("rounds", 3, "burst and 256 MiB rounds (median); lsyncd at delay=15 does one")
 	syncfsMin = flag.Int("syncfs-min-files", syncdir.DefaultConfig().SyncfsMinFiles, "syncdir's sync.syncfs-min-files (0: fsyncs only)")
 	scenario  = flag.String("scenario", "", "with -syncdir-only: run only \"burst\" or \"big\" (default: all live figures)")
+	plain     = flag.Bool("insecure", false, "run syncdir without TLS (sync.insecure, labs only): shows what encryption costs")
 	traceFile = flag.String("trace", "", "write syncdir's debug timeline (JSON lines, times in ns) and the bench's marks to this file")
 )
 
@@ -524,6 +525,9 @@ func startPair(dir, name string, tlsc config.TLS, src string) (*pair, error) {
 		cfg.Peer = fmt.Sprintf("127.0.0.1:%d", peer)
 		cfg.StateDir = filepath.Join(dir, name+"-state-"+node)
 		cfg.TLS = tlsc
+		if *plain {
+			cfg.TLS, cfg.Insecure = config.TLS{}, true
+		}
 		cfg.SyncfsMinFiles = *syncfsMin
 		cfg.Roots = []syncdir.Root{{Name: "data", Path: root, Exclude: []string{}}}
 		var f syncdir.Fence = passive{}

@@ -5,7 +5,7 @@
 #   [-small 20] [-rounds 3]   (wrap in flock /tmp/hapair-bench.lock on shared machines)
 # Profiling syncdir alone: -syncdir-only [-scenario burst|big] [-cpuprofile F]
 #   [-trace F: syncdir's debug timeline per request/batch, JSON, ns times]
-#   [-syncfs-min-files N]
+#   [-syncfs-min-files N] [-insecure: syncdir without TLS, to see what encryption costs]
 # Needs Debian packages: lsyncd rsync (and Go to build the driver).
 set -eu
 cd "$(dirname "$0")/../.."
