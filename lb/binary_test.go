@@ -114,7 +114,8 @@ func TestReloadBinary(t *testing.T) {
 		t.Fatalf("-t on a good file: %v\n%s", err, out)
 	}
 	var logs syncBuf
-	cmd := exec.Command(bin, "--config", path)
+	// Go's poller alone (fifo-reads off): the in-process tests run on.
+	cmd := exec.Command(bin, "--config", path, "--fifo-reads", "off")
 	cmd.Stderr = &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -38,7 +38,7 @@ type Group struct {
 
 	// eligible is the current routing set; the data path reads it lock-free.
 	eligible atomic.Pointer[[]*Server]
-	poll     *poller // for backend connections' reads (nil: Go's poller)
+	poll     *pollSet // for backend connections' reads (nil: Go's poller)
 	waiting  atomic.Int64
 	rr       atomic.Uint64
 

@@ -28,7 +28,7 @@ type h1Server struct {
 	wg        sync.WaitGroup
 	mu        sync.Mutex
 	conns     map[*h1Conn]struct{}
-	poll      *poller // nil: reads wait on Go's poller
+	poll      *pollSet // nil: reads wait on Go's poller
 }
 
 // Connection states for graceful shutdown.
@@ -57,7 +57,7 @@ var h1WriterPool = sync.Pool{New: func() any { return newWbuf(nil, 32<<10) }}
 // serve accepts client connections until ln is closed.
 func (s *h1Server) serve(ln net.Listener) error {
 	return acceptLoop(ln, func(c net.Conn) {
-		hc := &h1Conn{c: c, sock: newSockIO(c, s.poll)}
+		hc := &h1Conn{c: c, sock: newSockIO(c, s.poll.pick())}
 		s.mu.Lock()
 		if s.conns == nil {
 			s.conns = map[*h1Conn]struct{}{}
@@ -598,7 +598,7 @@ func (s *h1Server) upgrade(hc *h1Conn, g *Group) int {
 		s.writeError(hc, 502, false, g)
 		return 502
 	}
-	bc := newBackendConn(c, g.cfg.ReadTimeout, g.poll)
+	bc := newBackendConn(c, g.cfg.ReadTimeout, g.poll.pick())
 	defer bc.close()
 	writeRequestHead(bc.bw, &hc.req, hc.ip, true)
 	if err := s.sendBody(hc, bc); err != nil {

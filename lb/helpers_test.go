@@ -116,7 +116,7 @@ func startLB(t *testing.T, cfg Config, setup func(*LB)) *testLB {
 	reg := prometheus.NewRegistry()
 	lg := zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
 	if cfg.FIFOReads == "" || cfg.FIFOReads == "auto" {
-		cfg.FIFOReads = "on" // the riskier read path; the binary tests run the default
+		cfg.FIFOReads = "on" // the default; TestReloadBinary runs off
 	}
 	l, err := New(cfg, lg, NewMetrics(reg))
 	if err != nil {

@@ -118,6 +118,7 @@ func (bc *backendConn) alive() bool {
 		return false // unsolicited bytes: the connection is out of sync
 	}
 	bc.sock.idle = 0
+	bc.sock.drained = false // really look: a FIN may not have been delivered as an edge yet
 	bc.sock.setDeadline(time.Now().Add(time.Microsecond))
 	_, err := bc.br.Peek(1)
 	var ne net.Error
@@ -244,7 +245,7 @@ func (s *Server) conn(ctx context.Context, idem, fresh bool) (bc *backendConn, r
 		s.group.lg.Debug("connect failed", zap.String("server", s.name), zap.Error(err))
 		return nil, false, err
 	}
-	return newBackendConn(c, s.group.cfg.ReadTimeout, s.group.poll), false, nil
+	return newBackendConn(c, s.group.cfg.ReadTimeout, s.group.poll.pick()), false, nil
 }
 
 // staleRetry reports whether an attempt failed only because a pooled
@@ -502,7 +503,7 @@ func (p *httpProxy) serveUpgrade(w http.ResponseWriter, r *http.Request, g *Grou
 		http.Error(w, "bad gateway", http.StatusBadGateway)
 		return http.StatusBadGateway
 	}
-	bc := newBackendConn(c, s.group.cfg.ReadTimeout, s.group.poll)
+	bc := newBackendConn(c, s.group.cfg.ReadTimeout, s.group.poll.pick())
 	defer bc.close()
 	if err := writeRequest(bc.bw, r, p.tls, true); err != nil {
 		s.noteFailure()

@@ -54,7 +54,7 @@ type LB struct {
 	checkers  sync.WaitGroup
 	adminAddr net.Addr
 	gatherer  prometheus.Gatherer
-	poll      *poller // FIFO read wake-ups for the HTTP/1.1 engine (nil: Go's poller)
+	poll      *pollSet // FIFO read wake-ups for the HTTP/1.1 engine (nil: Go's poller)
 }
 
 // listener is one bound client-facing socket.
@@ -77,7 +77,7 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*LB, error) {
 	l := &LB{lg: lg, m: m, ready: make(chan struct{}), listeners: map[string]*listener{}, keys: map[string]activeKey{}}
 	l.cfg = cfg
 	if fifoReads(cfg.FIFOReads) {
-		if p, err := newPoller(); err != nil {
+		if p, err := newPollSet(runtime.GOMAXPROCS(0)); err != nil {
 			lg.Warn("fifo-reads: own poller unavailable; reads wait on Go's poller", zap.Error(err))
 		} else {
 			l.poll = p
@@ -88,12 +88,13 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*LB, error) {
 	return l, nil
 }
 
-// fifoReads tells whether HTTP/1.1 reads wait on our own poller. "auto"
-// uses it with one P only: there it cut p99 by about a quarter (bench/lb,
-// 1 worker), while with two Ps the Ps' work stealing reorders the wake-ups
-// anyway and the second epoll set cost ~10 % more CPU per request.
+// fifoReads tells whether HTTP/1.1 reads wait on our own pollers ("auto"
+// is on). With one poller per P and reads that skip the EAGAIN attempt
+// after a read that emptied the socket, it measured lower p99 and no more
+// CPU than Go's poller at one and at two Ps (bench/lb A/B rounds); "off"
+// is the fallback should a platform's epoll misbehave.
 func fifoReads(mode string) bool {
-	return mode == "on" || mode == "auto" && runtime.GOMAXPROCS(0) == 1
+	return mode == "on" || mode == "auto"
 }
 
 // Ready is closed when every listener is bound and checks have started.

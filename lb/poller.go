@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -70,6 +71,12 @@ func (p *poller) run(ctx context.Context) {
 		if err := p.rc.Read(p.poll); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			break
 		}
+		// A batch was dispatched: let its readers run before polling
+		// again, like an event loop's next turn. Under load the set then
+		// has the next batch ready and the dispatcher does not park in
+		// Go's poller (whose wake-up costs a scheduler round and a second
+		// epoll_wait); when the set is empty, the next poll parks.
+		runtime.Gosched()
 	}
 	p.stopped.Store(true)
 	p.mu.Lock()
@@ -87,7 +94,7 @@ func (p *poller) run(ctx context.Context) {
 }
 
 // poll takes the ready sockets (without waiting) and wakes their readers;
-// false parks the dispatcher until the set has more.
+// false (none ready) parks the dispatcher until the set has more.
 func (p *poller) poll(fd uintptr) bool {
 	n, errno := epollWait(fd, p.evs[:])
 	if errno == syscall.EINTR {
@@ -115,7 +122,7 @@ func (p *poller) poll(fd uintptr) bool {
 		p.batch[0].kick()
 		clear(p.batch)
 	}
-	return n < len(p.evs) // a full batch: poll again at once
+	return true
 }
 
 // register adds c's socket to the set for s; false leaves s on Go's poller.
@@ -161,3 +168,46 @@ func (p *poller) release(i uint32) {
 // errDeadline is what a read that waited past its deadline returns, like
 // net.Conn's (a net.Error whose Timeout() is true).
 var errDeadline = &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+
+// pollSet is one poller per P, connections dealt to them in turn: each
+// poller wakes its readers onto the P it runs on, a batch at a time, like
+// an event loop thread that owns its connections.
+type pollSet struct {
+	ps   []*poller
+	next atomic.Uint32
+}
+
+func newPollSet(n int) (*pollSet, error) {
+	s := &pollSet{}
+	for range max(n, 1) {
+		p, err := newPoller()
+		if err != nil {
+			for _, p := range s.ps {
+				_ = p.f.Close()
+			}
+			return nil, err
+		}
+		s.ps = append(s.ps, p)
+	}
+	return s, nil
+}
+
+// pick returns the poller for a new connection (nil for a nil set).
+func (s *pollSet) pick() *poller {
+	if s == nil {
+		return nil
+	}
+	if len(s.ps) == 1 {
+		return s.ps[0]
+	}
+	return s.ps[s.next.Add(1)%uint32(len(s.ps))]
+}
+
+// run runs every poller until ctx ends and they have all stopped.
+func (s *pollSet) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, p := range s.ps {
+		wg.Go(func() { p.run(ctx) })
+	}
+	wg.Wait()
+}

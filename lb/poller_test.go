@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -175,4 +176,107 @@ func TestPollerStopFallsBack(t *testing.T) {
 	if s2 := newSockIO(b, p); s2.pw != nil {
 		t.Fatal("a stopped poller registered a socket")
 	}
+}
+
+// After a read that emptied the socket, the next read waits for the edge
+// instead of trying (sockIO.drained); the peer's end is such an edge, and
+// a read after the end sees it again instead of waiting for another.
+func TestPollerDrainedSeesEnd(t *testing.T) {
+	p, _ := startPoller(t)
+	a, b := tcpPair(t)
+	s := newSockIO(a, p)
+	defer s.release()
+	if _, err := b.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, readAsync(s), 5*time.Second, "read"); err != nil {
+		t.Fatal(err)
+	}
+	if !s.drained {
+		t.Fatal("a short read did not mark the socket drained")
+	}
+	_ = b.(*net.TCPConn).CloseWrite()
+	for i := range 2 {
+		if err := within(t, readAsync(s), 5*time.Second, "read at end"); err != io.EOF {
+			t.Fatalf("read %d at end: want EOF, got %v", i, err)
+		}
+	}
+}
+
+// More sockets ready at once than one epoll_wait returns: every reader is
+// woken (a full batch is followed by another poll, not a park). The
+// sockets are readable before they join the set and the set before it runs.
+func TestPollerFullBatch(t *testing.T) {
+	p, err := newPoller()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3*len(p.evs) + 5
+	socks := make([]*sockIO, n)
+	for i := range socks {
+		a, b := tcpPair(t)
+		if _, err := b.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		socks[i] = newSockIO(a, p)
+		defer socks[i].release()
+		socks[i].drained = true // as after an earlier read: wait for the edge
+	}
+	chs := make([]<-chan error, n)
+	for i, s := range socks {
+		chs[i] = readAsync(s)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); p.run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for i, ch := range chs {
+		if err := within(t, ch, 10*time.Second, "read"); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+	}
+}
+
+// A set deals connections to its pollers in turn and runs them all.
+func TestPollSetDeals(t *testing.T) {
+	set, err := newPollSet(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); set.run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	seen := map[*poller]int{}
+	for range 4 {
+		a, b := tcpPair(t)
+		s := newSockIO(a, set.pick())
+		defer s.release()
+		if s.pw == nil {
+			t.Fatal("socket not registered")
+		}
+		seen[s.pw]++
+		ch := readAsync(s)
+		if _, err := b.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		if err := within(t, ch, 5*time.Second, "read"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(seen) != 2 || seen[set.ps[0]] != 2 {
+		t.Fatalf("connections per poller: %v", seen)
+	}
+	if (*pollSet)(nil).pick() != nil {
+		t.Fatal("a nil set picked a poller")
+	}
+}
+
+// With one P the dispatcher's yield hands the P to the readers it woke:
+// run the wake-up tests that way too (tests run with GOMAXPROCS = cores).
+func TestPollerOneP(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	t.Run("wakes", TestPollerWakesReaders)
+	t.Run("drained", TestPollerDrainedSeesEnd)
+	t.Run("full-batch", TestPollerFullBatch)
 }

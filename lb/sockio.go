@@ -47,13 +47,17 @@ type sockIO struct {
 	// Waiting for readability through the poller (pw != nil): wake gets a
 	// token for every edge, a deadline change or Close (kick); dlNano is
 	// the read deadline (unix nanos, 0: none) and tm wakes the reader at it.
-	pw     *poller
-	slot   uint32
-	wake   chan struct{}
-	again  bool // the last read attempt found the socket empty
-	dlNano atomic.Int64
-	tm     *time.Timer
-	tmAt   int64
+	pw    *poller
+	slot  uint32
+	wake  chan struct{}
+	again bool // the last read attempt found the socket empty
+	// drained: the last read took less than it asked for, so it emptied
+	// the socket; unless an edge has been delivered since (a token in
+	// wake), a new read could only find it empty (see readPolled).
+	drained bool
+	dlNano  atomic.Int64
+	tm      *time.Timer
+	tmAt    int64
 }
 
 // newSockIO returns the I/O of c: raw when c offers it, else c's own. With
@@ -214,6 +218,19 @@ func (s *sockIO) readPolled() error {
 		case <-s.wake:
 		default:
 		}
+	} else if s.drained {
+		// The last read emptied the socket and the set is edge-triggered:
+		// anything that arrived since queued an edge, which the poller
+		// turns into a token. Without one yet, wait for it instead of a
+		// read that would only say EAGAIN (for a client between keep-alive
+		// requests that is one system call of five per request).
+		select {
+		case <-s.wake:
+		default:
+			if err := s.wait(); err != nil {
+				return err
+			}
+		}
 	}
 	for {
 		s.again = false
@@ -243,6 +260,7 @@ func (s *sockIO) doRead(fd uintptr) bool {
 		switch errno {
 		case 0:
 			s.n = n
+			s.drained = n > 0 && n < len(s.buf)
 			if n == 0 {
 				s.err = io.EOF
 			}
@@ -256,6 +274,7 @@ func (s *sockIO) doRead(fd uintptr) bool {
 			}
 			return false // park until readable
 		default:
+			s.drained = false
 			s.err = &net.OpError{Op: "read", Net: "tcp", Err: errno}
 			return true
 		}
