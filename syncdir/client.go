@@ -115,23 +115,34 @@ func owner(v url.Values, e entry) {
 	v.Set("gid", strconv.FormatUint(uint64(e.Gid), 10))
 }
 
-// sendFile streams one file; the state sent is the one of the open file.
-func (s *Syncer) sendFile(ctx context.Context, rt *rootState, rel string) (entry, error) {
+// openForPut opens rel for a put: its state at the open and the query that
+// describes it (path, mode, mtime, owner).
+func openForPut(rt *rootState, rel string) (*os.File, entry, url.Values, error) {
 	f, err := rt.root.Open(rel)
 	if err != nil {
-		return entry{}, err
+		return nil, entry{}, nil, err
 	}
-	defer f.Close()
 	fi, err := f.Stat()
-	if err != nil {
-		return entry{}, err
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("syncdir: %s is no longer a regular file: %w", rel, os.ErrNotExist)
 	}
-	if !fi.Mode().IsRegular() {
-		return entry{}, fmt.Errorf("syncdir: %s is no longer a regular file: %w", rel, os.ErrNotExist)
+	if err != nil {
+		f.Close()
+		return nil, entry{}, nil, err
 	}
 	e := entryOf(fi)
 	v := url.Values{"path": {rel}, "mode": {strconv.FormatUint(uint64(e.Mode), 8)}, "mtime": {strconv.FormatInt(e.Mtime, 10)}}
 	owner(v, e)
+	return f, e, v, nil
+}
+
+// sendFile streams one file; the state sent is the one of the open file.
+func (s *Syncer) sendFile(ctx context.Context, rt *rootState, rel string) (entry, error) {
+	f, e, v, err := openForPut(rt, rel)
+	if err != nil {
+		return entry{}, err
+	}
+	defer f.Close()
 	var body io.Reader = http.NoBody
 	var tr http.Header
 	if e.Size > 0 {

@@ -3,11 +3,9 @@ package syncdir
 import (
 	"context"
 	"errors"
-	"fmt"
 	"hash/maphash"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"strconv"
 	"sync"
@@ -91,22 +89,12 @@ func (g *growing) signal(closed bool) {
 // With g nil the file is taken as done: s1 is its state at the open, and
 // the proof is the one of an ordinary put (s2 the same as s1).
 func (s *Syncer) sendGrowing(ctx context.Context, rt *rootState, rel string, g *growing) (entry, error) {
-	f, err := rt.root.Open(rel)
+	f, e, v, err := openForPut(rt, rel)
 	if err != nil {
 		return entry{}, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return entry{}, err
-	}
-	if !fi.Mode().IsRegular() {
-		return entry{}, fmt.Errorf("syncdir: %s is no longer a regular file: %w", rel, os.ErrNotExist)
-	}
-	e := entryOf(fi)
-	v := url.Values{"path": {rel}, "mode": {strconv.FormatUint(uint64(e.Mode), 8)},
-		"mtime": {strconv.FormatInt(e.Mtime, 10)}, "stream": {"1"}}
-	owner(v, e)
+	v.Set("stream", "1")
 	tr := http.Header{hdrCommit: nil, hdrSize: nil, hdrMtime: nil}
 	// The body may still be waiting for the writer when the peer answers
 	// early (a refusal): ending bctx lets it go.

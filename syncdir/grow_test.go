@@ -125,6 +125,20 @@ func waitEqual(t *testing.T, src, target string) {
 	eventually(t, time.Minute, "target equal to source", func() bool { return sum256(t, target) == want })
 }
 
+// startStreaming starts an active pair and a file of mib MiB on its ACTIVE
+// node, growing until the PASSIVE one holds a temp file of at least min
+// bytes; done ends the watch of the final name (see watchFinal).
+func startStreaming(t *testing.T, mib int, min int64) (a, b *node, src, target string, w *growWriter, done func()) {
+	a, b, _ = pair(t)
+	a.activate(3)
+	src, target = filepath.Join(a.root, "grow.bin"), filepath.Join(b.root, "grow.bin")
+	done = watchFinal(t, target, src)
+	w = newGrowWriter(t, src)
+	w.write(mib)
+	w.waitStreaming(b.root, min)
+	return a, b, src, target, w, done
+}
+
 func rejected(s *Syncer, reason string) uint64 {
 	s.st.mu.Lock()
 	defer s.st.mu.Unlock()
@@ -134,13 +148,7 @@ func rejected(s *Syncer, reason string) uint64 {
 // A file streamed while written and then closed is installed from the
 // stream: the proof at the end holds, nothing is sent twice.
 func TestGrowingFileStreamedBeforeClose(t *testing.T) {
-	a, b, _ := pair(t)
-	a.activate(3)
-	src, target := filepath.Join(a.root, "grow.bin"), filepath.Join(b.root, "grow.bin")
-	done := watchFinal(t, target, src)
-	w := newGrowWriter(t, src)
-	w.write(9)
-	w.waitStreaming(b.root, 1<<20)
+	_, b, src, target, w, done := startStreaming(t, 9, 1<<20)
 	if _, err := os.Stat(target); err == nil {
 		t.Fatal("installed before the writer closed it")
 	}
@@ -161,13 +169,7 @@ func TestGrowingFileStreamedBeforeClose(t *testing.T) {
 // Bytes already sent and then rewritten: the hash of what was sent does
 // not match the file at the end, the copy is discarded, the file sent again.
 func TestGrowingFileRewrittenInTheMiddle(t *testing.T) {
-	a, b, _ := pair(t)
-	a.activate(3)
-	src, target := filepath.Join(a.root, "grow.bin"), filepath.Join(b.root, "grow.bin")
-	done := watchFinal(t, target, src)
-	w := newGrowWriter(t, src)
-	w.write(9)
-	w.waitStreaming(b.root, 2<<20)
+	_, b, src, target, w, done := startStreaming(t, 9, 2<<20)
 	// Same size, same call pattern: only the content of sent bytes changes.
 	patch := []byte(strings.Repeat("rewritten", 1000))
 	if _, err := w.f.WriteAt(patch, 1<<20); err != nil {
@@ -187,13 +189,7 @@ func TestGrowingFileRewrittenInTheMiddle(t *testing.T) {
 // A file truncated while streamed, then written on: the stream is longer
 // than the file and must not be installed.
 func TestGrowingFileTruncated(t *testing.T) {
-	a, b, _ := pair(t)
-	a.activate(3)
-	src, target := filepath.Join(a.root, "grow.bin"), filepath.Join(b.root, "grow.bin")
-	done := watchFinal(t, target, src)
-	w := newGrowWriter(t, src)
-	w.write(12)
-	w.waitStreaming(b.root, 10<<20)
+	_, _, src, target, w, done := startStreaming(t, 12, 10<<20)
 	if err := w.f.Truncate(3 << 20); err != nil {
 		t.Fatal(err)
 	}
