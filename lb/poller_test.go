@@ -69,6 +69,17 @@ func readAsync(s *sockIO) <-chan error {
 	return ch
 }
 
+// notYet checks that a read with nothing to read is still waiting a
+// little later (a read that returns early fails the test).
+func notYet(t *testing.T, ch <-chan error) {
+	t.Helper()
+	select {
+	case err := <-ch:
+		t.Fatalf("read returned early: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
 func within(t *testing.T, ch <-chan error, d time.Duration, what string) error {
 	t.Helper()
 	select {
@@ -130,11 +141,7 @@ func TestPollerDeadlineAndClose(t *testing.T) {
 	// (how a held request stops its close watcher).
 	s.setDeadline(time.Time{})
 	ch := readAsync(s)
-	select {
-	case err := <-ch:
-		t.Fatalf("read returned early: %v", err)
-	case <-time.After(50 * time.Millisecond):
-	}
+	notYet(t, ch)
 	s.setDeadline(time.Unix(1, 0))
 	if err := within(t, ch, 5*time.Second, "deadline moved"); !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("want a timeout, got %v", err)
@@ -143,11 +150,7 @@ func TestPollerDeadlineAndClose(t *testing.T) {
 	// Close from another goroutine wakes the reader with an error.
 	s.setDeadline(time.Time{})
 	ch = readAsync(s)
-	select {
-	case err := <-ch:
-		t.Fatalf("read returned early: %v", err)
-	case <-time.After(50 * time.Millisecond):
-	}
+	notYet(t, ch)
 	_ = s.close()
 	if err := within(t, ch, 5*time.Second, "close"); err == nil {
 		t.Fatal("read on a closed connection succeeded")
@@ -161,11 +164,7 @@ func TestPollerStopFallsBack(t *testing.T) {
 	s := newSockIO(a, p)
 	defer s.release()
 	ch := readAsync(s)
-	select {
-	case err := <-ch:
-		t.Fatalf("read returned early: %v", err)
-	case <-time.After(50 * time.Millisecond):
-	}
+	notYet(t, ch)
 	stop()
 	if _, err := b.Write([]byte("x")); err != nil {
 		t.Fatal(err)
