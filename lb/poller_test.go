@@ -30,6 +30,17 @@ func startPoller(t *testing.T) (p *poller, stop func()) {
 }
 
 // tcpPair returns both ends of a loopback TCP connection.
+// polledSock is one end of a loopback pair read through a running poller;
+// peer is the other end.
+func polledSock(t *testing.T) (s *sockIO, peer net.Conn, p *poller, stop func()) {
+	t.Helper()
+	p, stop = startPoller(t)
+	a, peer := tcpPair(t)
+	s = newSockIO(a, p)
+	t.Cleanup(s.release)
+	return s, peer, p, stop
+}
+
 func tcpPair(t *testing.T) (a, b net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -92,10 +103,7 @@ func within(t *testing.T, ch <-chan error, d time.Duration, what string) error {
 }
 
 func TestPollerWakesReaders(t *testing.T) {
-	p, _ := startPoller(t)
-	a, b := tcpPair(t)
-	s := newSockIO(a, p)
-	defer s.release()
+	s, b, _, _ := polledSock(t)
 	if s.pw == nil {
 		t.Fatal("socket not registered with the poller")
 	}
@@ -124,10 +132,7 @@ func TestPollerWakesReaders(t *testing.T) {
 }
 
 func TestPollerDeadlineAndClose(t *testing.T) {
-	p, _ := startPoller(t)
-	a, _ := tcpPair(t)
-	s := newSockIO(a, p)
-	defer s.release()
+	s, _, _, _ := polledSock(t)
 
 	// A deadline ends the wait with a timeout.
 	s.setDeadline(time.Now().Add(50 * time.Millisecond))
@@ -159,10 +164,7 @@ func TestPollerDeadlineAndClose(t *testing.T) {
 
 // A reader waiting when the poller stops goes on waiting on Go's poller.
 func TestPollerStopFallsBack(t *testing.T) {
-	p, stop := startPoller(t)
-	a, b := tcpPair(t)
-	s := newSockIO(a, p)
-	defer s.release()
+	s, b, p, stop := polledSock(t)
 	ch := readAsync(s)
 	notYet(t, ch)
 	stop()
@@ -181,10 +183,7 @@ func TestPollerStopFallsBack(t *testing.T) {
 // instead of trying (sockIO.drained); the peer's end is such an edge, and
 // a read after the end sees it again instead of waiting for another.
 func TestPollerDrainedSeesEnd(t *testing.T) {
-	p, _ := startPoller(t)
-	a, b := tcpPair(t)
-	s := newSockIO(a, p)
-	defer s.release()
+	s, b, _, _ := polledSock(t)
 	if _, err := b.Write([]byte("x")); err != nil {
 		t.Fatal(err)
 	}
