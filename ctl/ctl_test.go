@@ -151,9 +151,13 @@ func TestCertsMutualTLS(t *testing.T) {
 	}
 }
 
-// fakeCluster serves Patroni, roled and lb admin answers for one leader.
+// fakeCluster serves Patroni, roled and lb admin answers for one leader;
+// with kv set, its switchover also moves Patroni's leader key, as Patroni
+// does.
 type fakeCluster struct {
 	leader atomic.Value // string
+	kv     *clientv3.Client
+	key    string
 }
 
 func (f *fakeCluster) patroni(w http.ResponseWriter, r *http.Request) {
@@ -173,6 +177,12 @@ func (f *fakeCluster) patroni(w http.ResponseWriter, r *http.Request) {
 		if body["leader"] != l {
 			http.Error(w, "not the leader", http.StatusPreconditionFailed)
 			return
+		}
+		if f.kv != nil {
+			if _, err := f.kv.Put(r.Context(), f.key, body["candidate"]); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		f.leader.Store(body["candidate"])
 		_, _ = w.Write([]byte("Successfully switched over"))
@@ -225,6 +235,19 @@ func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := NewClient(cfg, nil, nil)
+	// Without the leader key, following falls back to Patroni's REST API.
+	if ls := c.newLeaderSource(ctx, "a"); ls.cli != nil {
+		t.Error("leader source reads a leader key that does not exist")
+	}
+	f.kv, f.key = cli, cfg.LeaderKey()
+	if _, err := cli.Put(ctx, f.key, "a"); err != nil {
+		t.Fatal(err)
+	}
+	ls := c.newLeaderSource(ctx, "a")
+	if ls.cli == nil {
+		t.Error("leader source ignores a leader key that names the leader")
+	}
+	ls.close()
 	st := c.Status(ctx)
 	if len(st.Etcd) != 3 || len(st.Patroni) != 2 || len(st.Roled) != 2 || len(st.Alarms) != 1 {
 		t.Fatalf("status: %+v", st)
@@ -242,7 +265,7 @@ func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("switchover: %v\n%s", err, buf.String())
 	}
-	if res.From != "a" || res.LBServing == 0 || res.RoledActive == 0 {
+	if res.From != "a" || res.LBServing == 0 || res.RoledActive == 0 || res.PatroniLeader == 0 {
 		t.Errorf("switchover result %+v", res)
 	}
 	if !strings.Contains(buf.String(), "asked roled on a to step down") {

@@ -71,6 +71,8 @@ func (c *Client) drillPhase(ctx context.Context, victimName string, w io.Writer)
 		p.fail("node %s needs a survivor, stop-command and start-command", victimName)
 		return p
 	}
+	leaders := c.newLeaderSource(ctx, victimName)
+	defer leaders.close()
 	st := &Steps{W: w, Start: time.Now()}
 	probe := c.NewProbe(c.Cfg.Drill.ProbeInterval)
 	pctx, stopProbe := context.WithCancel(ctx)
@@ -94,7 +96,7 @@ func (c *Client) drillPhase(ctx context.Context, victimName string, w io.Writer)
 		finish()
 		return p
 	}
-	if err := c.waitTakeover(ctx, st, survivor, &p); err != nil {
+	if err := c.waitTakeover(ctx, st, leaders, survivor, &p); err != nil {
 		p.fail("%v", err)
 		finish()
 		return p
@@ -128,11 +130,11 @@ func runAction(ctx context.Context, command string) error {
 	return cmd.Run()
 }
 
-func (c *Client) waitTakeover(ctx context.Context, st *Steps, survivor Node, p *DrillPhase) error {
+func (c *Client) waitTakeover(ctx context.Context, st *Steps, leaders *leaderSource, survivor Node, p *DrillPhase) error {
 	deadline := time.Now().Add(c.Cfg.Drill.PhaseTimeout)
 	for time.Now().Before(deadline) {
 		if p.PatroniLeader == 0 {
-			if l, err := c.Leader(ctx); err == nil && l == survivor.Name {
+			if l, err := leaders.leader(ctx); err == nil && l == survivor.Name {
 				p.PatroniLeader = time.Since(st.Start)
 				st.Printf("Patroni leader is %s", survivor.Name)
 			}

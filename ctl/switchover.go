@@ -46,13 +46,74 @@ func (c *Client) Leader(ctx context.Context) (string, error) {
 	return "", ErrNotPrimary
 }
 
+// leaderSource is how the follow loops learn Patroni's leader while a
+// switchover or a failover runs: from Patroni's leader key in etcd, not
+// from its REST API. Patroni answers /cluster on Python threads that share
+// one interpreter lock with its HA loop (and read etcd for every answer),
+// so polling it every 20 ms slowed the very demotion and promotion being
+// followed. REST stays the fallback where the key cannot be read, or does
+// not name the leader that REST names (another scope or namespace).
+type leaderSource struct {
+	c   *Client
+	cli *clientv3.Client // nil: REST only
+}
+
+// newLeaderSource checks the leader key against current, the leader that
+// Patroni's REST API named.
+func (c *Client) newLeaderSource(ctx context.Context, current string) *leaderSource {
+	ls := &leaderSource{c: c}
+	cli, err := c.Etcd()
+	if err != nil {
+		return ls
+	}
+	if l, err := c.keyLeader(ctx, cli); err != nil || l != current {
+		cli.Close()
+		return ls
+	}
+	ls.cli = cli
+	return ls
+}
+
+func (ls *leaderSource) leader(ctx context.Context) (string, error) {
+	if ls.cli == nil {
+		return ls.c.Leader(ctx)
+	}
+	return ls.c.keyLeader(ctx, ls.cli)
+}
+
+func (ls *leaderSource) close() {
+	if ls.cli != nil {
+		ls.cli.Close()
+	}
+}
+
+// keyLeader names the node whose Patroni member holds the leader key.
+func (c *Client) keyLeader(ctx context.Context, cli *clientv3.Client) (string, error) {
+	ctx, cancel := context.WithTimeout(clientv3.WithRequireLeader(ctx), c.Cfg.Timeout)
+	defer cancel()
+	r, err := cli.Get(ctx, c.Cfg.LeaderKey())
+	if err != nil {
+		return "", err
+	}
+	if len(r.Kvs) == 0 {
+		return "", ErrNotPrimary
+	}
+	member := string(r.Kvs[0].Value)
+	for _, n := range c.Cfg.Nodes {
+		if n.Member() == member {
+			return n.Name, nil
+		}
+	}
+	return "", fmt.Errorf("leader key names member %q, not a configured node", member)
+}
+
 // SwitchoverResult are the timings of one planned switchover, from the
 // moment the request was sent.
 type SwitchoverResult struct {
 	From, To      string
 	OldPassive    time.Duration // From's roled no longer says active
 	PatroniDone   time.Duration // Patroni's REST call returned
-	PatroniLeader time.Duration // /cluster names To as leader
+	PatroniLeader time.Duration // Patroni's leader key names To
 	RoledActive   time.Duration // To's roled says active
 	LBServing     time.Duration // the balancer serves only To
 }
@@ -74,6 +135,8 @@ func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (Switch
 	}
 	res.From = from
 	fromNode, _ := c.Cfg.Node(from)
+	leaders := c.newLeaderSource(ctx, from)
+	defer leaders.close()
 	st := &Steps{W: w, Start: time.Now()}
 	if c.Cfg.StepDown {
 		release, err := c.stepDown(ctx, fromNode)
@@ -90,7 +153,7 @@ func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (Switch
 	st.Printf("switchover %s -> %s: POST %s/switchover", from, to, fromNode.PatroniURL)
 	done := make(chan error, 1)
 	go func() { done <- c.postSwitchover(ctx, fromNode, target) }()
-	return res, c.follow(ctx, st, fromNode, target, done, &res)
+	return res, c.follow(ctx, st, leaders, fromNode, target, done, &res)
 }
 
 // stepDownTTL bounds how long a step-down request outlives a hapairctl that
@@ -152,7 +215,7 @@ func (c *Client) postSwitchover(ctx context.Context, from, to Node) error {
 }
 
 // follow polls Patroni, roled and the balancer until the target serves.
-func (c *Client) follow(ctx context.Context, st *Steps, from, to Node, done chan error, res *SwitchoverResult) error {
+func (c *Client) follow(ctx context.Context, st *Steps, leaders *leaderSource, from, to Node, done chan error, res *SwitchoverResult) error {
 	deadline := time.Now().Add(c.Cfg.Drill.PhaseTimeout)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -172,7 +235,7 @@ func (c *Client) follow(ctx context.Context, st *Steps, from, to Node, done chan
 		case <-tick.C:
 		}
 		if res.PatroniLeader == 0 {
-			if l, err := c.Leader(ctx); err == nil && l == to.Name {
+			if l, err := leaders.leader(ctx); err == nil && l == to.Name {
 				res.PatroniLeader = time.Since(st.Start)
 				st.Printf("Patroni leader is %s", to.Name)
 			}
