@@ -29,6 +29,7 @@ type h1Server struct {
 	mu        sync.Mutex
 	conns     map[*h1Conn]struct{}
 	poll      *pollSet // nil: reads wait on Go's poller
+	loop      bool     // idle connections go to the pollers' event loops (see eventloop.go)
 }
 
 // Connection states for graceful shutdown.
@@ -48,16 +49,26 @@ type h1Conn struct {
 	ip    string
 	req   head
 	resp  head
+
+	srv *h1Server
+	// Event-loop state, owned by the poller's goroutine while lstate is
+	// not loopOff (see eventloop.go).
+	lstate uint8
+	rt     *route  // of the request in progress
+	at     attempt // the backend attempt in progress
+	slow   int     // requests in a row the loop handed over by their kind
 }
 
-// Client writers are large enough for a head plus a 16 KiB body in one
-// write, and are only held while a request is in progress.
-var h1WriterPool = sync.Pool{New: func() any { return newWbuf(nil, 32<<10) }}
+// h1WriterSize: client writers are large enough for a head plus a 16 KiB
+// body in one write, and are only held while a request is in progress.
+const h1WriterSize = 32 << 10
+
+var h1WriterPool = sync.Pool{New: func() any { return newWbuf(nil, h1WriterSize) }}
 
 // serve accepts client connections until ln is closed.
 func (s *h1Server) serve(ln net.Listener) error {
 	return acceptLoop(ln, func(c net.Conn) {
-		hc := &h1Conn{c: c, sock: newSockIO(c, s.poll.pick())}
+		hc := &h1Conn{c: c, sock: newSockIO(c, s.poll.pick()), srv: s}
 		s.mu.Lock()
 		if s.conns == nil {
 			s.conns = map[*h1Conn]struct{}{}
@@ -123,18 +134,6 @@ func (s *h1Server) shutdown(ctx context.Context) {
 }
 
 func (s *h1Server) handle(hc *h1Conn) {
-	defer func() {
-		if r := recover(); r != nil && r != http.ErrAbortHandler {
-			s.lg.Error("connection handler panicked", zap.Any("panic", r))
-		}
-		_ = hc.c.Close()
-		hc.sock.release()
-		hc.releaseWriter()
-		s.mu.Lock()
-		delete(s.conns, hc)
-		s.mu.Unlock()
-		s.wg.Done()
-	}()
 	if a, ok := hc.c.RemoteAddr().(*net.TCPAddr); ok {
 		hc.ip = a.IP.String()
 	}
@@ -142,7 +141,30 @@ func (s *h1Server) handle(hc *h1Conn) {
 	hc.br = bufio.NewReaderSize(hc.sock, lc.MaxHeaderBytes+1024)
 	hc.req.raw = make([]byte, 0, 1024)
 	hc.resp.raw = make([]byte, 0, 1024)
+	s.serveConn(hc, nil)
+}
+
+// serveConn runs hc on this goroutine: cont first (when set: what the event
+// loop handed over, reporting whether the connection stays), then request
+// after request until the connection ends or the event loop takes it.
+func (s *h1Server) serveConn(hc *h1Conn, cont func() bool) {
+	adopted := false
+	defer func() {
+		if r := recover(); r != nil && r != http.ErrAbortHandler {
+			s.lg.Error("connection handler panicked", zap.Any("panic", r))
+		}
+		if !adopted {
+			s.finish(hc)
+		}
+	}()
+	if cont != nil && (!cont() || s.shutting.Load()) {
+		return
+	}
 	for {
+		if s.toLoop(hc) {
+			adopted = true
+			return
+		}
 		if !s.waitRequest(hc) {
 			return
 		}
@@ -154,6 +176,36 @@ func (s *h1Server) handle(hc *h1Conn) {
 			return
 		}
 	}
+}
+
+// toLoop hands an idle keep-alive connection to its poller's event loop;
+// false keeps it here (no loop, a pipelined request, access logging, or
+// requests the loop would only hand back).
+func (s *h1Server) toLoop(hc *h1Conn) bool {
+	if !s.loop || hc.sock.pw == nil || hc.br.Buffered() > 0 || hc.slow >= 2 || s.accessLog.Load() {
+		return false
+	}
+	lc := s.route.Load().lc
+	hc.state.Store(connIdle)
+	if s.shutting.Load() {
+		return false
+	}
+	hc.sock.arm(lc.IdleTimeout)
+	if lc.WriteTimeout > 0 {
+		_ = hc.c.SetWriteDeadline(time.Time{}) // the loop never waits to write
+	}
+	return hc.sock.pw.adopt(hc)
+}
+
+// finish closes hc and forgets it.
+func (s *h1Server) finish(hc *h1Conn) {
+	_ = hc.c.Close()
+	hc.sock.release()
+	hc.releaseWriter()
+	s.mu.Lock()
+	delete(s.conns, hc)
+	s.mu.Unlock()
+	s.wg.Done()
 }
 
 // releaseWriter returns the (flushed) client writer to the pool.
@@ -224,7 +276,7 @@ func (s *h1Server) serveOne(hc *h1Conn) bool {
 	if req.upgrade && req.upgradeTo != nil && req.minor == 1 {
 		status = s.upgrade(hc, rt.g)
 	} else {
-		status, keep = s.proxy(hc, rt.g)
+		status, keep = s.proxy(hc, rt.g, nil)
 	}
 	if s.accessLog.Load() {
 		s.lg.Info("access", zap.String("client", hc.ip), zap.ByteString("method", req.method),
@@ -237,7 +289,8 @@ func (s *h1Server) serveOne(hc *h1Conn) bool {
 // proxy runs attempts on servers with the same retry rules as the net/http
 // path: connect failures anywhere, and idempotent bodiless requests before
 // any response byte.
-func (s *h1Server) proxy(hc *h1Conn, g *Group) (int, bool) {
+// at, when set, is an attempt the event loop started (see eventloop.go).
+func (s *h1Server) proxy(hc *h1Conn, g *Group, at *attempt) (int, bool) {
 	req := &hc.req
 	idem := idempotent(string(req.method)) // no allocation: converted for the switch only
 	hasBody := req.length > 0 || req.chunked
@@ -245,7 +298,13 @@ func (s *h1Server) proxy(hc *h1Conn, g *Group) (int, bool) {
 	var triedBuf [4]*Server
 	tried := triedBuf[:0]
 	for attempt := 0; ; attempt++ {
-		srv, err := hc.acquire(g, tried)
+		var srv *Server
+		var err error
+		if at != nil {
+			srv = at.srv
+		} else {
+			srv, err = hc.acquire(g, tried)
+		}
 		if errors.Is(err, context.Canceled) {
 			return 499, false // the client went away while held
 		}
@@ -258,7 +317,8 @@ func (s *h1Server) proxy(hc *h1Conn, g *Group) (int, bool) {
 			s.writeError(hc, 503, !hasBody, g)
 			return 503, !hasBody
 		}
-		out, code, keep := s.try(hc, srv, idem)
+		out, code, keep := s.try(hc, srv, idem, at)
+		at = nil
 		srv.release()
 		switch out {
 		case outDone:
@@ -319,13 +379,21 @@ func (hc *h1Conn) watchClose(cancel context.CancelFunc) {
 
 // try makes one attempt; a stale pooled connection is replaced once by a
 // fresh one on the same server when that is safe.
-func (s *h1Server) try(hc *h1Conn, srv *Server, idem bool) (outcome, int, bool) {
+func (s *h1Server) try(hc *h1Conn, srv *Server, idem bool, at *attempt) (outcome, int, bool) {
 	for fresh := false; ; fresh = true {
-		bc, reused, err := srv.conn(context.Background(), idem, fresh)
-		if err != nil {
-			return outNotSent, http.StatusBadGateway, false
+		var bc *backendConn
+		reused := true
+		if at != nil && at.bc != nil {
+			bc = at.bc // pooled, taken by the event loop
+		} else {
+			var err error
+			if bc, reused, err = srv.conn(context.Background(), idem, fresh); err != nil {
+				return outNotSent, http.StatusBadGateway, false
+			}
+			at = nil
 		}
-		out, code, keep, err := s.exchange(hc, srv, bc)
+		out, code, keep, err := s.exchange(hc, srv, bc, at)
+		at = nil
 		if staleRetry(out, reused, idem, err) {
 			continue
 		}
@@ -335,20 +403,35 @@ func (s *h1Server) try(hc *h1Conn, srv *Server, idem bool) (outcome, int, bool) 
 }
 
 // exchange sends the request on bc and relays the response to the client.
-func (s *h1Server) exchange(hc *h1Conn, srv *Server, bc *backendConn) (outcome, int, bool, error) {
+// With at (from the event loop), it resumes at the stage at reached.
+func (s *h1Server) exchange(hc *h1Conn, srv *Server, bc *backendConn, at *attempt) (outcome, int, bool, error) {
 	req := &hc.req
-	writeRequestHead(bc.bw, req, hc.ip, false)
-	if err := s.sendBody(hc, bc); err != nil {
-		bc.close()
-		if errors.Is(err, errClientBody) {
-			return outBadRequest, 400, false, err
+	stage := stageNew
+	if at != nil {
+		stage = at.stage
+	}
+	if stage == stageNew {
+		writeRequestHead(bc.bw, req, hc.ip, false)
+		if err := s.sendBody(hc, bc); err != nil {
+			bc.close()
+			if errors.Is(err, errClientBody) {
+				return outBadRequest, 400, false, err
+			}
+			return outNoResponse, http.StatusBadGateway, false, err
 		}
-		return outNoResponse, http.StatusBadGateway, false, err
 	}
 	resp := &hc.resp
-	if out, code, err := readResponseHead(bc, resp, srv.group.cfg.ResponseHeaderTimeout); err != nil {
-		bc.close()
-		return out, code, false, err
+	if stage != stageHead {
+		out, code, err := outDone, 0, error(nil)
+		if stage == stageSent && at.err != nil {
+			out, code, err = at.out, at.code, at.err
+		} else {
+			out, code, err = readResponseHead(bc, resp, srv.group.cfg.ResponseHeaderTimeout, stage == stageNew)
+		}
+		if err != nil {
+			bc.close()
+			return out, code, false, err
+		}
 	}
 	srv.countResponse(resp.status)
 	keep := s.writeResponseHead(hc, req, resp)
@@ -396,16 +479,14 @@ func (s *h1Server) sendBody(hc *h1Conn, bc *backendConn) error {
 // readResponseHead waits (bounded) for the backend's head, skipping 1xx.
 // The body that follows is read with the backend's read-timeout between
 // reads (bc.bodyPhase).
-func readResponseHead(bc *backendConn, resp *head, timeout time.Duration) (outcome, int, error) {
-	bc.sock.idle = 0
-	bc.sock.arm(timeout)
+// arm false keeps the deadline already set (the event loop's).
+func readResponseHead(bc *backendConn, resp *head, timeout time.Duration, arm bool) (outcome, int, error) {
+	if arm {
+		bc.sock.idle = 0
+		bc.sock.arm(timeout)
+	}
 	if _, err := bc.br.Peek(1); err != nil {
-		code := http.StatusBadGateway
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			code = http.StatusGatewayTimeout
-		}
-		return outNoResponse, code, err
+		return noResponse(err)
 	}
 	for {
 		resp.reset()
@@ -422,6 +503,16 @@ func readResponseHead(bc *backendConn, resp *head, timeout time.Duration) (outco
 			return outDone, resp.status, nil
 		}
 	}
+}
+
+// noResponse classifies a failure to get a response head.
+func noResponse(err error) (outcome, int, error) {
+	code := http.StatusBadGateway
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		code = http.StatusGatewayTimeout
+	}
+	return outNoResponse, code, err
 }
 
 // hasBody reports whether the response carries a body (RFC 9112 §6.3).
@@ -607,7 +698,7 @@ func (s *h1Server) upgrade(hc *h1Conn, g *Group) int {
 		return 502
 	}
 	resp := &hc.resp
-	if _, code, err := readResponseHead(bc, resp, g.cfg.ResponseHeaderTimeout); err != nil {
+	if _, code, err := readResponseHead(bc, resp, g.cfg.ResponseHeaderTimeout, true); err != nil {
 		srv.noteFailure()
 		s.writeError(hc, code, false, g)
 		return code

@@ -86,21 +86,31 @@ var (
 		"Requests currently waiting for an eligible server.", []string{"backend"}, nil)
 	descEligibleCount = prometheus.NewDesc("hapair_lb_backend_eligible_servers",
 		"Servers currently receiving new traffic.", []string{"backend"}, nil)
+	descLoopServed = prometheus.NewDesc("hapair_lb_event_loop_requests_total",
+		"Plain HTTP/1.1 requests served wholly by the pollers' event loops (event-loop: on).", nil, nil)
+	descLoopHanded = prometheus.NewDesc("hapair_lb_event_loop_handoffs_total",
+		"Requests the event loops handed to the goroutine path (uncommon requests, waits, errors).", nil, nil)
 )
 
 // stateCollector reads server state at scrape time from the live groups.
 type stateCollector struct {
 	groups func() []*Group
+	loop   func() (served, handed uint64) // nil without event loops
 }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descEligible, descActive, descEpoch, descAdmin,
-		descWaiting, descEligibleCount} {
+		descWaiting, descEligibleCount, descLoopServed, descLoopHanded} {
 		ch <- d
 	}
 }
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.loop != nil {
+		served, handed := c.loop()
+		ch <- prometheus.MustNewConstMetric(descLoopServed, prometheus.CounterValue, float64(served))
+		ch <- prometheus.MustNewConstMetric(descLoopHanded, prometheus.CounterValue, float64(handed))
+	}
 	if c.groups == nil {
 		return
 	}

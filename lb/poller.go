@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // poller wakes the goroutines waiting to read sockets in the order the
@@ -36,7 +37,30 @@ type poller struct {
 	stopped atomic.Bool
 	evs     [128]syscall.EpollEvent
 	batch   []*sockIO
+	inline  []*sockIO // this turn's sockets owned by the event loop
+
+	pollFn func(uintptr) bool // p.poll, bound once (a method value per call allocates)
+
+	// Requests its event loop served wholly, and handed to a goroutine
+	// (written by the poller's goroutine only: no shared cache line).
+	served, handed atomic.Uint64
+
+	// Event loop (see eventloop.go): efd wakes the poller for mail, the
+	// connections adopted and the loop sockets kicked from elsewhere
+	// (deadline timers, Close).
+	efd   int
+	mail  []mailItem
+	spare []mailItem
 }
+
+// mailItem is a socket kicked while in the loop, or a connection to adopt.
+type mailItem struct {
+	s  *sockIO
+	hc *h1Conn
+}
+
+// efdSlot marks the eventfd's events in the set.
+const efdSlot = ^uint32(0)
 
 type pollSlot struct {
 	s   *sockIO
@@ -53,13 +77,105 @@ func newPoller() (*poller, error) {
 		_ = syscall.Close(fd)
 		return nil, err
 	}
+	efd, err := newEventFD(fd)
+	if err != nil {
+		_ = syscall.Close(fd)
+		return nil, err
+	}
 	f := os.NewFile(uintptr(fd), "lb-poller")
 	rc, err := f.SyscallConn()
 	if err != nil {
 		_ = f.Close()
+		_ = syscall.Close(efd)
 		return nil, err
 	}
-	return &poller{f: f, rc: rc, fd: fd}, nil
+	p := &poller{f: f, rc: rc, fd: fd, efd: efd}
+	p.pollFn = p.poll
+	return p, nil
+}
+
+// newEventFD creates the mail eventfd and adds it to the set epfd.
+func newEventFD(epfd int) (int, error) {
+	r, _, errno := syscall.Syscall(syscall.SYS_EVENTFD2, 0, syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if errno != 0 {
+		return -1, errno
+	}
+	efd := int(r)
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | -syscall.EPOLLET, Fd: -1}
+	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, efd, &ev); err != nil {
+		_ = syscall.Close(efd)
+		return -1, err
+	}
+	return efd, nil
+}
+
+// post queues a kick of a loop socket and wakes the poller; false once the
+// poller has stopped.
+func (p *poller) post(s *sockIO) bool { return p.postItem(mailItem{s: s}) }
+
+// adopt hands the idle client connection hc to the event loop; false (the
+// caller keeps it) once the poller has stopped.
+func (p *poller) adopt(hc *h1Conn) bool { return p.postItem(mailItem{hc: hc}) }
+
+func (p *poller) postItem(it mailItem) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped.Load() || p.efd < 0 {
+		return false
+	}
+	p.mail = append(p.mail, it)
+	one := uint64(1)
+	_, _ = syscall.Write(p.efd, (*[8]byte)(unsafe.Pointer(&one))[:])
+	return true
+}
+
+// deliver handles one piece of mail on the poller's goroutine.
+func (p *poller) deliver(it mailItem) {
+	if it.hc != nil {
+		it.hc.enterLoop()
+		return
+	}
+	s := it.s
+	if s.loop.Load() != p {
+		s.kick() // it left the loop meanwhile: wake its reader
+		return
+	}
+	s.drained = false // a Close or a deadline: look at the socket
+	loopEvent(s)
+}
+
+// move re-registers s (on another poller) with p, so the loop of p sees
+// its readiness. False leaves s on Go's poller alone.
+func (p *poller) move(s *sockIO) bool {
+	old := s.pw
+	if old == p {
+		return true
+	}
+	if old == nil {
+		return false
+	}
+	var err error
+	cerr := s.rc.Control(func(fd uintptr) {
+		err = syscall.EpollCtl(old.fd, syscall.EPOLL_CTL_DEL, int(fd), &syscall.EpollEvent{})
+	})
+	old.release(s.slot)
+	s.pw = nil
+	if cerr != nil || err != nil {
+		return false
+	}
+	return p.register(s)
+}
+
+// takeMail empties the eventfd and returns the queued mail.
+func (p *poller) takeMail() []mailItem {
+	var b [8]byte
+	_, _ = syscall.Read(p.efd, b[:])
+	p.mu.Lock()
+	m := p.mail
+	p.mail = p.spare[:0]
+	p.mu.Unlock()
+	p.spare = m
+	return m
 }
 
 // run dispatches readiness until ctx ends, then wakes every registered
@@ -68,7 +184,7 @@ func (p *poller) run(ctx context.Context) {
 	stop := context.AfterFunc(ctx, func() { _ = p.f.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
 	for ctx.Err() == nil {
-		if err := p.rc.Read(p.poll); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		if err := p.rc.Read(p.pollFn); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			break
 		}
 		// A batch was dispatched: let its readers run before polling
@@ -86,11 +202,25 @@ func (p *poller) run(ctx context.Context) {
 			list = append(list, sl.s)
 		}
 	}
+	mail := p.mail
+	p.mail = nil
 	p.mu.Unlock()
+	for _, it := range mail {
+		if it.hc != nil {
+			it.hc.srv.finish(it.hc) // never taken over: nothing serves it
+		}
+	}
 	for _, s := range list {
+		if s.loop.Load() == p && s.owner != nil && s.owner.sock == s {
+			s.owner.loopStop() // back to a goroutine, which waits on Go's poller
+		}
 		s.kick()
 	}
 	_ = p.f.Close()
+	p.mu.Lock()
+	_ = syscall.Close(p.efd)
+	p.efd = -1
+	p.mu.Unlock()
 }
 
 // poll takes the ready sockets (without waiting) and wakes their readers;
@@ -103,12 +233,27 @@ func (p *poller) poll(fd uintptr) bool {
 	if n <= 0 {
 		return false
 	}
-	p.batch = p.batch[:0]
+	p.dispatch(n)
+	return true
+}
+
+// dispatch hands the n ready events in p.evs to their readers or loops.
+func (p *poller) dispatch(n int) {
+	p.batch, p.inline = p.batch[:0], p.inline[:0]
+	mail := false
 	p.mu.Lock()
 	for _, ev := range p.evs[:n] {
 		i, gen := uint32(ev.Fd), uint32(ev.Pad)
+		if i == efdSlot {
+			mail = true
+			continue
+		}
 		if int(i) < len(p.slots) && p.slots[i].gen == gen && p.slots[i].s != nil {
-			p.batch = append(p.batch, p.slots[i].s)
+			if s := p.slots[i].s; s.loop.Load() == p {
+				p.inline = append(p.inline, s)
+			} else {
+				p.batch = append(p.batch, s)
+			}
 		}
 	}
 	p.mu.Unlock()
@@ -122,7 +267,22 @@ func (p *poller) poll(fd uintptr) bool {
 		p.batch[0].kick()
 		clear(p.batch)
 	}
-	return true
+	// Sockets the loop owns are served here, in readiness order.
+	for _, s := range p.inline {
+		if s.loop.Load() != p {
+			s.kick() // it left the loop during this batch: to its reader
+			continue
+		}
+		s.drained = false // an edge: there is something to read
+		loopEvent(s)
+	}
+	clear(p.inline)
+	if mail {
+		for _, it := range p.takeMail() {
+			p.deliver(it)
+		}
+		clear(p.spare)
+	}
 }
 
 // register adds c's socket to the set for s; false leaves s on Go's poller.
@@ -184,6 +344,7 @@ func newPollSet(n int) (*pollSet, error) {
 		if err != nil {
 			for _, p := range s.ps {
 				_ = p.f.Close()
+				_ = syscall.Close(p.efd)
 			}
 			return nil, err
 		}
@@ -201,6 +362,15 @@ func (s *pollSet) pick() *poller {
 		return s.ps[0]
 	}
 	return s.ps[s.next.Add(1)%uint32(len(s.ps))]
+}
+
+// loopCounts sums the pollers' event-loop request counts.
+func (s *pollSet) loopCounts() (served, handed uint64) {
+	for _, p := range s.ps {
+		served += p.served.Load()
+		handed += p.handed.Load()
+	}
+	return served, handed
 }
 
 // run runs every poller until ctx ends and they have all stopped.

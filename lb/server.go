@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -263,6 +264,26 @@ func (p *connPool) get() *backendConn {
 		ic.bc.close()
 	}
 	return nil
+}
+
+// getFor is get, preferring a recent connection whose reads the poller p
+// watches (the event loop can use it without moving it).
+func (p *connPool) getFor(pw *poller) *backendConn {
+	p.mu.Lock()
+	for i := len(p.idle) - 1; i >= 0; i-- {
+		ic := p.idle[i]
+		if ic.bc.sock.pw != pw {
+			continue
+		}
+		if time.Since(ic.idleAt) >= p.timeout {
+			break // get drops it and the older ones
+		}
+		p.idle = slices.Delete(p.idle, i, i+1)
+		p.mu.Unlock()
+		return ic.bc
+	}
+	p.mu.Unlock()
+	return p.get()
 }
 
 // put returns a healthy connection to the pool, or closes it when full.

@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync/atomic"
@@ -32,10 +33,10 @@ type sockIO struct {
 
 	// State of the call in progress, kept here so the callbacks are bound
 	// once per connection instead of allocating a closure per call.
-	rfn, wfn, ofn func(fd uintptr) bool
-	buf           []byte
-	n             int
-	err           error
+	rfn, wfn, ofn, nwfn func(fd uintptr) bool
+	buf                 []byte
+	n                   int
+	err                 error
 
 	// out is sent at the start of the next Read, which then waits for the
 	// answer without a read attempt (see wbuf.pend). Only for backend
@@ -58,6 +59,14 @@ type sockIO struct {
 	dlNano  atomic.Int64
 	tm      *time.Timer
 	tmAt    int64
+
+	// Event-loop mode (see eventloop.go): while loop is set, that poller's
+	// goroutine owns the socket; its readiness, deadline timer and kicks
+	// go to the loop serving owner instead of a parked reader, and reads
+	// return errWouldBlock instead of waiting (nb).
+	loop  atomic.Pointer[poller]
+	owner *h1Conn
+	nb    bool
 }
 
 // newSockIO returns the I/O of c: raw when c offers it, else c's own. With
@@ -70,7 +79,7 @@ func newSockIO(c net.Conn, p *poller) *sockIO {
 			s.rc = rc
 		}
 	}
-	s.rfn, s.wfn, s.ofn = s.doRead, s.doWrite, s.doOut
+	s.rfn, s.wfn, s.ofn, s.nwfn = s.doRead, s.doWrite, s.doOut, s.doWriteNB
 	if p != nil && s.rc != nil {
 		s.wake = make(chan struct{}, 1)
 		p.register(s)
@@ -96,9 +105,13 @@ func (s *sockIO) close() error {
 	return err
 }
 
-// kick wakes the reader (or its next wait) once.
+// kick wakes the reader (or its next wait) once; a socket in the event
+// loop is handed to its poller instead.
 func (s *sockIO) kick() {
 	if s.wake == nil {
+		return
+	}
+	if p := s.loop.Load(); p != nil && p.post(s) {
 		return
 	}
 	select {
@@ -121,32 +134,45 @@ func (s *sockIO) setDeadline(t time.Time) {
 			dn = max(t.UnixNano(), 1)
 		}
 		s.dlNano.Store(dn)
-		s.kick()
+		if !s.nb { // the event loop sets its own deadlines: nobody to wake
+			s.kick()
+		}
 	}
 }
 
 // wait parks until the poller reports the socket readable, the read
 // deadline passes (errDeadline) or something kicks the reader.
 func (s *sockIO) wait() error {
-	if dl := s.dlNano.Load(); dl != 0 {
-		now := time.Now().UnixNano()
-		if now >= dl {
-			return errDeadline
-		}
-		if s.tmAt != dl {
-			s.tmAt = dl
-			if s.tm == nil {
-				s.tm = time.AfterFunc(time.Duration(dl-now), s.kick)
-			} else {
-				s.tm.Reset(time.Duration(dl - now))
-			}
-		}
+	if err := s.schedule(); err != nil {
+		return err
 	}
 	if !s.pw.stopped.Load() { // (checked again after: it may stop meanwhile)
 		<-s.wake
 	}
 	if s.pw.stopped.Load() {
 		s.release() // the poller is gone: wait on Go's from now on
+	}
+	return nil
+}
+
+// schedule makes the deadline timer kick the reader at the read deadline;
+// errDeadline when it has passed.
+func (s *sockIO) schedule() error {
+	dl := s.dlNano.Load()
+	if dl == 0 {
+		return nil
+	}
+	now := time.Now().UnixNano()
+	if now >= dl {
+		return errDeadline
+	}
+	if s.tmAt != dl {
+		s.tmAt = dl
+		if s.tm == nil {
+			s.tm = time.AfterFunc(time.Duration(dl-now), s.kick)
+		} else {
+			s.tm.Reset(time.Duration(dl - now))
+		}
 	}
 	return nil
 }
@@ -212,6 +238,17 @@ func (s *sockIO) read() error {
 
 // readPolled reads, waiting for the poller whenever the socket is empty.
 func (s *sockIO) readPolled() error {
+	if s.nb {
+		// Event loop: one attempt, unless the socket is known empty.
+		if s.drained {
+			return errWouldBlock
+		}
+		s.again = false
+		if err := s.rc.Read(s.rfn); err != nil || !s.again {
+			return err
+		}
+		return errWouldBlock
+	}
 	if len(s.out) > 0 {
 		// Edges before this send cannot be its answer: forget them.
 		select {
@@ -305,6 +342,27 @@ func (s *sockIO) sendOut(fd uintptr) bool {
 }
 
 func (s *sockIO) doOut(fd uintptr) bool { return s.sendOut(fd) || s.err != nil }
+
+// errWouldBlock is what a read in the event loop returns when the socket
+// has nothing more for now.
+var errWouldBlock = errors.New("lb: would block")
+
+// writeNB writes as much of p as the socket takes now, never waiting.
+func (s *sockIO) writeNB(p []byte) (int, error) {
+	s.buf, s.n, s.err = p, 0, nil
+	err := s.rc.Write(s.nwfn)
+	n, werr := s.n, s.err
+	s.buf, s.err = nil, nil
+	if err == nil {
+		err = werr
+	}
+	return n, err
+}
+
+func (s *sockIO) doWriteNB(fd uintptr) bool {
+	s.doWrite(fd)
+	return true
+}
 
 // Write writes all of p (parking while the socket buffer is full).
 func (s *sockIO) Write(p []byte) (int, error) {

@@ -15,10 +15,12 @@
 #   and with the etcd fast path (Debian etcd-server) at inter 2s fall 2 rise 2.
 #
 # Knobs: DUR (s per wrk run, 5), ROUNDS (3), CONNS (50), WRK_THREADS (2), FLIPS (10),
-#   HLB_ENV (extra environment for hapair-lb, e.g. "GOGC=400"); selection (same
+#   HLB_ENV (extra environment for hapair-lb, e.g. "GOGC=400"), HLB_CONF (extra
+#   top-level lb.yaml lines for hapair-lb, e.g. "event-loop: on"); selection (same
 #   method, fewer cells): SIZES ("small big"), WORKERS ("1 2"), KINDS ("direct
 #   nginx haproxy hapair-lb"; nginx is the ratios' reference). A/B runs: kind
-#   "hapair-lb-b" runs HLB_BIN_B (a hapair-lb binary) with HLB_ENV_B.
+#   "hapair-lb-b" runs HLB_BIN_B (a hapair-lb binary, default the one built)
+#   with HLB_ENV_B and HLB_CONF_B instead of HLB_ENV and HLB_CONF.
 # Each round also prints p99.9 (from a wrk script that only reports; the
 #   requests stay wrk's static ones), and a per-round p99 ratio table.
 # Packages: nginx-light (or nginx), haproxy, wrk, etcd-server; Go to build.
@@ -159,11 +161,24 @@ EOF
 		start hap haproxy -db -f "$W/haproxy.cfg"
 		PROXY_PID=$PID_hap; PROXY_ADDR=$HAP ;;
 	hapair-lb)
-		cat >"$W/lb.yaml" <<EOF
+		hlb_yaml "$HLB" "${HLB_CONF:-}" >"$W/lb.yaml"
+		start hlb env GOMAXPROCS="$n" ${HLB_ENV:-} "$W/hapair-lb" --config "$W/lb.yaml"
+		PROXY_PID=$PID_hlb; PROXY_ADDR=$HLB ;;
+	hapair-lb-b)
+		hlb_yaml "$HLB_B" "${HLB_CONF_B:-}" >"$W/lb-b.yaml"
+		start hlbb env GOMAXPROCS="$n" ${HLB_ENV_B:-} "${HLB_BIN_B:-$W/hapair-lb}" --config "$W/lb-b.yaml"
+		PROXY_PID=$PID_hlbb; PROXY_ADDR=$HLB_B ;;
+	esac
+	wait_port "$PROXY_ADDR"
+}
+
+hlb_yaml() { # hlb_yaml LISTEN EXTRA-LINES: the hapair-lb config, alike for A and B
+	cat <<EOF
 log-level: warn
 admin: {listen: ""}
+$2
 listeners:
-  - {name: web, listen: "$HLB", backend: be}
+  - {name: web, listen: "$1", backend: be}
 backends:
   - name: be
     kind: pool
@@ -172,15 +187,6 @@ backends:
     servers:
       - {name: s1, address: "$BE"}
 EOF
-		start hlb env GOMAXPROCS="$n" ${HLB_ENV:-} "$W/hapair-lb" --config "$W/lb.yaml"
-		PROXY_PID=$PID_hlb; PROXY_ADDR=$HLB ;;
-	hapair-lb-b)
-		sed "s/$HLB/$HLB_B/" "$W/lb.yaml" >"$W/lb-b.yaml" 2>/dev/null || true
-		[ -s "$W/lb-b.yaml" ] || { echo "hapair-lb-b needs hapair-lb earlier in KINDS" >&2; exit 1; }
-		start hlbb env GOMAXPROCS="$n" ${HLB_ENV_B:-} "${HLB_BIN_B:?HLB_BIN_B: a hapair-lb binary}" --config "$W/lb-b.yaml"
-		PROXY_PID=$PID_hlbb; PROXY_ADDR=$HLB_B ;;
-	esac
-	wait_port "$PROXY_ADDR"
 }
 
 to_us() { # wrk latency "1.23ms" → µs
