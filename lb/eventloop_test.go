@@ -2,17 +2,19 @@ package lb
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
 // loopBackend serves the shapes the event loop must serve itself or hand
 // over: small and large bodies, chunked, a POST echo and a slow answer.
-func loopBackend(t *testing.T, idle time.Duration) string {
+func loopBackend(t *testing.T, idle time.Duration) (string, *atomic.Int64) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -40,10 +42,36 @@ func loopBackend(t *testing.T, idle time.Duration) string {
 		case <-r.Context().Done():
 		}
 	})
-	srv := &http.Server{Handler: mux, IdleTimeout: idle}
+	closed := new(atomic.Int64)
+	srv := &http.Server{Handler: mux, IdleTimeout: idle, ConnState: func(_ net.Conn, st http.ConnState) {
+		if st == http.StateClosed {
+			closed.Add(1)
+		}
+	}}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return ln.Addr().String()
+	return ln.Addr().String(), closed
+}
+
+// loopDial opens a client connection to l's "web" listener, closed at the
+// end of the test.
+func loopDial(t *testing.T, l *testLB) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", l.ListenerAddr("web").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	return c, bufio.NewReader(c)
+}
+
+// getSmall asks for /small on c and fails the test unless it gets a 200.
+func getSmall(t *testing.T, c net.Conn, br *bufio.Reader, what string) {
+	t.Helper()
+	if resp, _ := exchange1(t, c, br, "GET /small HTTP/1.1\r\nHost: x\r\n\r\n"); resp.StatusCode != 200 {
+		t.Fatalf("%s: %d", what, resp.StatusCode)
+	}
 }
 
 func loopConfig(backend string) Config {
@@ -84,16 +112,9 @@ func readResp(t *testing.T, br *bufio.Reader) (*http.Response, string) {
 // by the loop and every other shape is handed to the goroutine path and
 // back, with the same answers; idle connections in the loop time out.
 func TestEventLoop(t *testing.T) {
-	l := startLB(t, loopConfig(loopBackend(t, 0)), nil)
-	dial := func() (net.Conn, *bufio.Reader) {
-		c, err := net.Dial("tcp", l.ListenerAddr("web").String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-		return c, bufio.NewReader(c)
-	}
+	addr, _ := loopBackend(t, 0)
+	l := startLB(t, loopConfig(addr), nil)
+	dial := func() (net.Conn, *bufio.Reader) { return loopDial(t, l) }
 	// A response-header timeout met in the loop: 504 and the end of the
 	// connection, as on the goroutine path.
 	c, br := dial()
@@ -138,10 +159,14 @@ func TestEventLoop(t *testing.T) {
 		t.Fatalf("pipelined 2: %q", body)
 	}
 	// A head in two parts waits in the goroutine path (header timeout).
+	_, handedBefore := l.poll.loopCounts()
 	if _, err := io.WriteString(c, "GET /small HTTP/1.1\r\nHo"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(20 * time.Millisecond) // let the first part arrive alone
+	waitFor(t, 5*time.Second, "the partial head handed to a goroutine", func() bool {
+		_, h := l.poll.loopCounts()
+		return h > handedBefore
+	})
 	if resp, body := exchange1(t, c, br, "st: x\r\n\r\n"); resp.StatusCode != 200 || body != small {
 		t.Fatalf("split head: %d %q", resp.StatusCode, body)
 	}
@@ -176,41 +201,28 @@ func TestEventLoop(t *testing.T) {
 // TestEventLoopStaleBackend: a pooled connection the backend closed while
 // idle is replaced (idempotent request) without an error to the client.
 func TestEventLoopStaleBackend(t *testing.T) {
-	l := startLB(t, loopConfig(loopBackend(t, 50*time.Millisecond)), nil)
-	c, err := net.Dial("tcp", l.ListenerAddr("web").String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-	br := bufio.NewReader(c)
+	addr, closed := loopBackend(t, 50*time.Millisecond)
+	l := startLB(t, loopConfig(addr), nil)
+	c, br := loopDial(t, l)
 	for i := 0; i < 4; i++ {
-		if resp, _ := exchange1(t, c, br, "GET /small HTTP/1.1\r\nHost: x\r\n\r\n"); resp.StatusCode != 200 {
-			t.Fatalf("request %d: %d", i, resp.StatusCode)
-		}
-		time.Sleep(150 * time.Millisecond) // the backend closes its idle connection meanwhile
+		getSmall(t, c, br, fmt.Sprintf("request %d", i))
+		// The backend closes its idle connection before the next request.
+		waitFor(t, 5*time.Second, "the backend closed its idle connection", func() bool { return closed.Load() > int64(i) })
 	}
 }
 
 // TestEventLoopShutdown: connections idle in the loop close at shutdown,
 // and Run returns (startLB's cleanup checks it).
 func TestEventLoopShutdown(t *testing.T) {
-	cfg := loopConfig(loopBackend(t, 0))
+	addr, _ := loopBackend(t, 0)
+	cfg := loopConfig(addr)
 	cfg.Listeners[0].IdleTimeout = time.Minute
 	l := startLB(t, cfg, nil)
 	var conns []net.Conn
 	for i := 0; i < 8; i++ {
-		c, err := net.Dial("tcp", l.ListenerAddr("web").String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-		br := bufio.NewReader(c)
+		c, br := loopDial(t, l)
 		for j := 0; j < 3; j++ {
-			if resp, _ := exchange1(t, c, br, "GET /small HTTP/1.1\r\nHost: x\r\n\r\n"); resp.StatusCode != 200 {
-				t.Fatalf("conn %d: %d", i, resp.StatusCode)
-			}
+			getSmall(t, c, br, fmt.Sprintf("conn %d", i))
 		}
 		conns = append(conns, c)
 	}

@@ -348,9 +348,13 @@ func (s *sockIO) doOut(fd uintptr) bool { return s.sendOut(fd) || s.err != nil }
 var errWouldBlock = errors.New("lb: would block")
 
 // writeNB writes as much of p as the socket takes now, never waiting.
-func (s *sockIO) writeNB(p []byte) (int, error) {
+func (s *sockIO) writeNB(p []byte) (int, error) { return s.rawWrite(p, s.nwfn) }
+
+// rawWrite writes p through the raw connection with fn (doWrite, or
+// doWriteNB that never waits) and returns what fn wrote and its error.
+func (s *sockIO) rawWrite(p []byte, fn func(uintptr) bool) (int, error) {
 	s.buf, s.n, s.err = p, 0, nil
-	err := s.rc.Write(s.nwfn)
+	err := s.rc.Write(fn)
 	n, werr := s.n, s.err
 	s.buf, s.err = nil, nil
 	if err == nil {
@@ -372,13 +376,7 @@ func (s *sockIO) Write(p []byte) (int, error) {
 	if s.rc == nil {
 		return s.c.Write(p)
 	}
-	s.buf, s.n, s.err = p, 0, nil
-	err := s.rc.Write(s.wfn)
-	n, werr := s.n, s.err
-	s.buf, s.err = nil, nil
-	if err == nil {
-		err = werr
-	}
+	n, err := s.rawWrite(p, s.wfn)
 	if err == nil && n < len(p) {
 		err = io.ErrShortWrite
 	}
