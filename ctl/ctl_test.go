@@ -236,18 +236,19 @@ func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
 	}
 	c := NewClient(cfg, nil, nil)
 	// Without the leader key, following falls back to Patroni's REST API.
-	if ls := c.newLeaderSource(ctx, "a"); ls.cli != nil {
+	if ls := c.newLeaderSource(ctx, cli, "a"); ls.cli != nil {
 		t.Error("leader source reads a leader key that does not exist")
 	}
 	f.kv, f.key = cli, cfg.LeaderKey()
 	if _, err := cli.Put(ctx, f.key, "a"); err != nil {
 		t.Fatal(err)
 	}
-	ls := c.newLeaderSource(ctx, "a")
-	if ls.cli == nil {
+	if ls := c.newLeaderSource(ctx, cli, "a"); ls.cli == nil {
 		t.Error("leader source ignores a leader key that names the leader")
 	}
-	ls.close()
+	if ls := c.newLeaderSource(ctx, nil, "a"); ls.cli != nil {
+		t.Error("leader source without an etcd client reads the key")
+	}
 	st := c.Status(ctx)
 	if len(st.Etcd) != 3 || len(st.Patroni) != 2 || len(st.Roled) != 2 || len(st.Alarms) != 1 {
 		t.Fatalf("status: %+v", st)

@@ -71,8 +71,11 @@ func (c *Client) drillPhase(ctx context.Context, victimName string, w io.Writer)
 		p.fail("node %s needs a survivor, stop-command and start-command", victimName)
 		return p
 	}
-	leaders := c.newLeaderSource(ctx, victimName)
-	defer leaders.close()
+	cli, _ := c.Etcd() // nil on error: followed over REST alone
+	if cli != nil {
+		defer cli.Close()
+	}
+	leaders := c.newLeaderSource(ctx, cli, victimName)
 	st := &Steps{W: w, Start: time.Now()}
 	probe := c.NewProbe(c.Cfg.Drill.ProbeInterval)
 	pctx, stopProbe := context.WithCancel(ctx)

@@ -51,26 +51,24 @@ func (c *Client) Leader(ctx context.Context) (string, error) {
 // from its REST API. Patroni answers /cluster on Python threads that share
 // one interpreter lock with its HA loop (and read etcd for every answer),
 // so polling it every 20 ms slowed the very demotion and promotion being
-// followed. REST stays the fallback where the key cannot be read, or does
-// not name the leader that REST names (another scope or namespace).
+// followed. REST stays the fallback where etcd cannot be reached, or the
+// key does not name the leader that REST names (another scope or
+// namespace).
 type leaderSource struct {
 	c   *Client
-	cli *clientv3.Client // nil: REST only
+	cli *clientv3.Client // the caller's; nil: REST only
 }
 
-// newLeaderSource checks the leader key against current, the leader that
-// Patroni's REST API named.
-func (c *Client) newLeaderSource(ctx context.Context, current string) *leaderSource {
+// newLeaderSource checks the leader key, read with cli (may be nil),
+// against current, the leader that Patroni's REST API named.
+func (c *Client) newLeaderSource(ctx context.Context, cli *clientv3.Client, current string) *leaderSource {
 	ls := &leaderSource{c: c}
-	cli, err := c.Etcd()
-	if err != nil {
+	if cli == nil {
 		return ls
 	}
-	if l, err := c.keyLeader(ctx, cli); err != nil || l != current {
-		cli.Close()
-		return ls
+	if l, err := c.keyLeader(ctx, cli); err == nil && l == current {
+		ls.cli = cli
 	}
-	ls.cli = cli
 	return ls
 }
 
@@ -79,12 +77,6 @@ func (ls *leaderSource) leader(ctx context.Context) (string, error) {
 		return ls.c.Leader(ctx)
 	}
 	return ls.c.keyLeader(ctx, ls.cli)
-}
-
-func (ls *leaderSource) close() {
-	if ls.cli != nil {
-		ls.cli.Close()
-	}
 }
 
 // keyLeader names the node whose Patroni member holds the leader key.
@@ -135,11 +127,18 @@ func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (Switch
 	}
 	res.From = from
 	fromNode, _ := c.Cfg.Node(from)
-	leaders := c.newLeaderSource(ctx, from)
-	defer leaders.close()
+	// One etcd client for the step-down and for following the leader key.
+	cli, err := c.Etcd() // nil on error: followed over REST alone
+	if err != nil && c.Cfg.StepDown {
+		return res, fmt.Errorf("step-down request for %s: %w", from, err)
+	}
+	if cli != nil {
+		defer cli.Close()
+	}
+	leaders := c.newLeaderSource(ctx, cli, from)
 	st := &Steps{W: w, Start: time.Now()}
 	if c.Cfg.StepDown {
-		release, err := c.stepDown(ctx, fromNode)
+		release, err := c.stepDown(ctx, cli, fromNode)
 		if err != nil {
 			return res, err
 		}
@@ -167,11 +166,7 @@ const stepDownTTL = 30 * time.Second
 // from the step-down until the new node is ACTIVE. The request is a key on a
 // lease; release revokes the lease, which ends the request whatever the
 // outcome (a refused switchover leaves the old node free to be ACTIVE again).
-func (c *Client) stepDown(ctx context.Context, from Node) (release func(), err error) {
-	cli, err := c.Etcd()
-	if err != nil {
-		return nil, err
-	}
+func (c *Client) stepDown(ctx context.Context, cli *clientv3.Client, from Node) (release func(), err error) {
 	tctx, cancel := context.WithTimeout(ctx, c.Cfg.Timeout)
 	defer cancel()
 	lease, err := cli.Grant(tctx, int64(stepDownTTL/time.Second))
@@ -179,14 +174,12 @@ func (c *Client) stepDown(ctx context.Context, from Node) (release func(), err e
 		_, err = cli.Put(tctx, roled.StepDownKey(c.Cfg.Prefix(), from.Name), "hapairctl switchover", clientv3.WithLease(lease.ID))
 	}
 	if err != nil {
-		cli.Close()
 		return nil, fmt.Errorf("step-down request for %s: %w", from.Name, err)
 	}
 	return func() {
 		rctx, rcancel := context.WithTimeout(context.Background(), c.Cfg.Timeout)
 		defer rcancel()
 		_, _ = cli.Revoke(rctx, lease.ID)
-		cli.Close()
 	}, nil
 }
 
