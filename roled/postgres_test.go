@@ -82,6 +82,13 @@ func TestPostgresCheck(t *testing.T) {
 	}
 	must(t, pg.Promote())
 	a.waitCode(t, 200, 10*time.Second)
+	// The checker polls on its own: wait until it too has seen the new
+	// epoch, or it may be halted a poll before.
+	waitFor(t, 5*time.Second, "the checker sees A ACTIVE under a second epoch", func() bool {
+		oc.mu.Lock()
+		defer oc.mu.Unlock()
+		return len(oc.first200["A"]) >= 2
+	})
 	oc.halt()
 	oc.mu.Lock()
 	defer oc.mu.Unlock()
