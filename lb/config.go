@@ -36,7 +36,7 @@ type Config struct {
 	AccessLog       bool             `yaml:"access-log"`
 	ShutdownTimeout time.Duration    `yaml:"shutdown-timeout"`
 	FIFOReads       string           `yaml:"fifo-reads"` // auto, on or off (see poller); applies at start
-	EventLoop       string           `yaml:"event-loop"` // on or off (see eventloop.go); needs fifo-reads; applies at start
+	EventLoop       string           `yaml:"event-loop"` // auto, on or off (see eventloop.go); needs fifo-reads; applies at start
 	Admin           AdminConfig      `yaml:"admin"`
 	Cluster         string           `yaml:"cluster"`
 	Etcd            config.Etcd      `yaml:"etcd"` // optional: fast path
@@ -120,7 +120,7 @@ func DefaultConfig() Config {
 		LogLevel:        "info",
 		ShutdownTimeout: 30 * time.Second,
 		FIFOReads:       "auto",
-		EventLoop:       "off",
+		EventLoop:       "auto",
 		Admin:           AdminConfig{Listen: "127.0.0.1:7480"},
 		Cluster:         "hapair",
 		Etcd:            config.Etcd{DialTimeout: 2 * time.Second},
@@ -144,10 +144,10 @@ func (c *Config) Validate() error {
 	}
 	switch c.EventLoop {
 	case "":
-		c.EventLoop = "off"
-	case "on", "off":
+		c.EventLoop = "auto"
+	case "auto", "on", "off":
 	default:
-		return config.Errorf("event-loop", c.EventLoop, "must be on or off")
+		return config.Errorf("event-loop", c.EventLoop, "must be auto, on or off")
 	}
 	if c.EventLoop == "on" && c.FIFOReads == "off" {
 		return config.Errorf("event-loop", c.EventLoop, "needs the pollers of fifo-reads (auto or on), which is off")

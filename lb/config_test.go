@@ -22,7 +22,7 @@ func TestValidateNamesField(t *testing.T) {
 		edit  func(*Config)
 	}{
 		{"log-level", func(c *Config) { c.LogLevel = "loud" }},
-		{"event-loop", func(c *Config) { c.EventLoop = "auto" }},
+		{"event-loop", func(c *Config) { c.EventLoop = "yes" }},
 		{"event-loop", func(c *Config) { c.EventLoop, c.FIFOReads = "on", "off" }},
 		{"listeners[0].backend", func(c *Config) { c.Listeners[0].Backend = "nope" }},
 		{"listeners[0].mode", func(c *Config) { c.Listeners[0].Mode = "udp" }},

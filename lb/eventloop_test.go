@@ -239,3 +239,28 @@ func TestEventLoopShutdown(t *testing.T) {
 		return len(h1.conns) == 0
 	})
 }
+
+// TestEventLoopModes: the default (auto) serves through the loop wherever
+// the fifo-reads pollers run; off, and auto without those pollers, never do.
+func TestEventLoopModes(t *testing.T) {
+	addr, _ := loopBackend(t, 0)
+	for _, tc := range []struct {
+		loop, fifo string
+		want       bool
+	}{{"", "", true}, {"off", "auto", false}, {"auto", "off", false}} {
+		cfg := loopConfig(addr)
+		cfg.EventLoop, cfg.FIFOReads = tc.loop, tc.fifo
+		l := startLB(t, cfg, nil)
+		c, br := loopDial(t, l)
+		for i := 0; i < 5; i++ {
+			getSmall(t, c, br, fmt.Sprintf("event-loop %q fifo-reads %q, GET %d", tc.loop, tc.fifo, i))
+		}
+		var served uint64
+		if l.poll != nil {
+			served, _ = l.poll.loopCounts()
+		}
+		if got := served > 0; got != tc.want {
+			t.Errorf("event-loop %q fifo-reads %q: loop served %d of 5 requests, want loop %v", tc.loop, tc.fifo, served, tc.want)
+		}
+	}
+}

@@ -76,12 +76,12 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*LB, error) {
 	}
 	l := &LB{lg: lg, m: m, ready: make(chan struct{}), listeners: map[string]*listener{}, keys: map[string]activeKey{}}
 	l.cfg = cfg
-	if fifoReads(cfg.FIFOReads) {
+	if modeOn(cfg.FIFOReads) {
 		if p, err := newPollSet(runtime.GOMAXPROCS(0)); err != nil {
 			lg.Warn("fifo-reads: own poller unavailable; reads wait on Go's poller", zap.Error(err))
 		} else {
 			l.poll = p
-			if eventLoop(cfg.EventLoop) {
+			if modeOn(cfg.EventLoop) {
 				m.state.loop = p.loopCounts
 			}
 		}
@@ -91,21 +91,23 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*LB, error) {
 	return l, nil
 }
 
-// fifoReads tells whether HTTP/1.1 reads wait on our own pollers ("auto"
-// is on). With one poller per P and reads that skip the EAGAIN attempt
-// after a read that emptied the socket, it measured lower p99 and no more
-// CPU than Go's poller at one and at two Ps (bench/lb A/B rounds); "off"
-// is the fallback should a platform's epoll misbehave.
-func fifoReads(mode string) bool {
+// modeOn reads the auto/on/off switches fifo-reads and event-loop: "auto"
+// is on.
+//
+// fifo-reads: HTTP/1.1 reads wait on our own pollers. With one poller per
+// P and reads that skip the EAGAIN attempt after a read that emptied the
+// socket, it measured lower p99 and no more CPU than Go's poller at one
+// and at two Ps (bench/lb A/B rounds); "off" is the fallback should a
+// platform's epoll misbehave.
+//
+// event-loop: those pollers also serve plain-HTTP/1.1 keep-alive requests
+// themselves (eventloop.go); it needs them, so it is off wherever they do
+// not run. In same-run A/B rounds on a quiet 2-core machine it lowered CPU
+// per request and, at two Ps, brought the p99 to HAProxy's (100 B 1.01
+// against 1.31 on the goroutine path, 16 KiB 0.94 against 1.15); at one P
+// it was no worse. "off" keeps every request on the goroutine path.
+func modeOn(mode string) bool {
 	return mode == "on" || mode == "auto"
-}
-
-// eventLoop tells whether plain-HTTP/1.1 keep-alive requests are served
-// by the pollers' event loops. Off by default: in bench/lb A/B rounds it
-// lowered CPU per request and the 100 B p99 at two Ps, but not to
-// HAProxy's p99 (see the README's hapair-lb figures).
-func eventLoop(mode string) bool {
-	return mode == "on"
 }
 
 // Ready is closed when every listener is bound and checks have started.
@@ -546,7 +548,7 @@ func (l *LB) openListener(lc ListenerConfig, g *Group) (*listener, error) {
 		return ln, nil
 	}
 	if !lc.TLS.Enabled() && lc.Engine == "fast" {
-		ln.h1 = &h1Server{lg: lg.Named("access"), poll: l.poll, loop: l.poll != nil && eventLoop(l.cfg.EventLoop)}
+		ln.h1 = &h1Server{lg: lg.Named("access"), poll: l.poll, loop: l.poll != nil && modeOn(l.cfg.EventLoop)}
 		ln.h1.route.Store(rt)
 		ln.h1.accessLog.Store(l.cfg.AccessLog)
 		go func() {

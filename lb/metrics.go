@@ -87,7 +87,7 @@ var (
 	descEligibleCount = prometheus.NewDesc("hapair_lb_backend_eligible_servers",
 		"Servers currently receiving new traffic.", []string{"backend"}, nil)
 	descLoopServed = prometheus.NewDesc("hapair_lb_event_loop_requests_total",
-		"Plain HTTP/1.1 requests served wholly by the pollers' event loops (event-loop: on).", nil, nil)
+		"Plain HTTP/1.1 requests served wholly by the pollers' event loops (event-loop).", nil, nil)
 	descLoopHanded = prometheus.NewDesc("hapair_lb_event_loop_handoffs_total",
 		"Requests the event loops handed to the goroutine path (uncommon requests, waits, errors).", nil, nil)
 )
