@@ -225,20 +225,25 @@ func (l *LB) closeListeners(ctx context.Context, list []*listener) {
 	wg.Wait()
 }
 
+// The accept loop must have returned before draining: it adds to the
+// WaitGroup the drain waits on, and an Add racing a Wait is a bug.
 func (ln *listener) shutdown(ctx context.Context, lg *zap.Logger) {
-	if ln.h1 != nil {
+	switch {
+	case ln.h1 != nil:
 		_ = ln.ln.Close()
+		<-ln.done
 		ln.h1.shutdown(ctx)
-	} else if ln.srv != nil {
+	case ln.srv != nil:
 		if err := ln.srv.Shutdown(ctx); err != nil {
 			lg.Warn("drain deadline passed, closing connections", zap.String("listener", ln.lc.Name))
 			_ = ln.srv.Close()
 		}
-	} else {
+		<-ln.done
+	default:
 		_ = ln.ln.Close()
+		<-ln.done
 		ln.tcp.drain(ctx)
 	}
-	<-ln.done
 }
 
 // currentGroups lists the live groups (for metrics and status).
