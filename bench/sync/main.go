@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -76,6 +77,9 @@ type result struct {
 }
 
 func main() {
+	if len(os.Args) == 4 && os.Args[1] == childArg {
+		os.Exit(childWrite(os.Args[2], os.Args[3]))
+	}
 	flag.Parse()
 	if *cpuProf != "" {
 		f, err := os.Create(*cpuProf)
@@ -265,7 +269,7 @@ func burstRound(src, dst string, round int) (time.Duration, time.Duration, time.
 	base := filepath.Join(filepath.Dir(src), fmt.Sprintf("unwatched-%d", round))
 	os.Mkdir(base, 0o755)
 	syscall.Sync()
-	baseline, err := writeBurst(base)
+	baseline, err := writeChild("burst", base)
 	os.RemoveAll(base)
 	if err != nil {
 		return 0, 0, 0, err
@@ -277,7 +281,7 @@ func burstRound(src, dst string, round int) (time.Duration, time.Duration, time.
 	time.Sleep(200 * time.Millisecond)
 	cpu0 := cpuTime()
 	start := time.Now()
-	wrote, err := writeBurst(filepath.Join(src, dir))
+	wrote, err := writeChild("burst", filepath.Join(src, dir))
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -310,19 +314,65 @@ func burstDone(dir string) bool {
 	return n >= 1000 && countFiles(dir, 4096) >= 1000
 }
 
-func writeBurst(dir string) (time.Duration, error) {
+// childArg runs this binary as the writer of a burst or of the 256 MiB
+// file, in its own process as an application would be. In the bench's
+// process the writer would be one more goroutine on the Ps that syncdir's
+// sender and receiver keep busy, queued behind them after each blocking
+// file system call; lsyncd and rsync are processes of their own anyway.
+const childArg = "-write-child"
+
+// writeChild runs the writer ("burst" into dir, or "big" at path) in a
+// child process and returns the writer's own time.
+func writeChild(kind, path string) (time.Duration, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	out, err := exec.Command(self, childArg, kind, path).Output()
+	if err != nil {
+		return 0, fmt.Errorf("writer %s %s: %w", kind, path, err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("writer %s %s: %q: %w", kind, path, out, err)
+	}
+	return time.Duration(ns), nil
+}
+
+// childWrite is the child's side: it writes, prints its time in
+// nanoseconds and returns the exit code.
+func childWrite(kind, path string) int {
 	start := time.Now()
+	var err error
+	switch kind {
+	case "burst":
+		err = writeBurst(path)
+	case "big":
+		err = writeBig(path, bigSize)
+	default:
+		err = fmt.Errorf("unknown writer %q", kind)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sync-bench writer:", err)
+		return 1
+	}
+	fmt.Println(time.Since(start).Nanoseconds())
+	return 0
+}
+
+func writeBurst(dir string) error {
 	buf := []byte(strings.Repeat("b", 4096))
 	for i := 0; i < 1000; i++ {
 		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%04d", i)), buf, 0o644); err != nil {
-			return 0, err
+			return err
 		}
 	}
-	return time.Since(start), nil
+	return nil
 }
 
+const bigSize = 256 << 20
+
 func bigRound(src, dst string, round int) (time.Duration, bool, error) {
-	const bigSize = 256 << 20
 	name := fmt.Sprintf("big-%d.bin", round)
 	syscall.Sync()
 	time.Sleep(200 * time.Millisecond)
@@ -330,7 +380,7 @@ func bigRound(src, dst string, round int) (time.Duration, bool, error) {
 	cpu0 := cpuTime()
 	start := time.Now()
 	var wrote time.Time
-	go func() { err := writeBig(filepath.Join(src, name), bigSize); wrote = time.Now(); done <- err }()
+	go func() { _, err := writeChild("big", filepath.Join(src, name)); wrote = time.Now(); done <- err }()
 	d, partial, err := waitSize(filepath.Join(dst, name), bigSize, 3*time.Minute)
 	if werr := <-done; werr != nil {
 		return 0, false, werr
@@ -345,8 +395,8 @@ func bigRound(src, dst string, round int) (time.Duration, bool, error) {
 	return d, partial, nil
 }
 
-// cpuTime is the CPU time used by this process (the writer, and syncdir's
-// sender and receiver, which run in it): the polling is cheap next to it.
+// cpuTime is the CPU time used by this process (syncdir's sender and
+// receiver, which run in it; the writer is a child): the polling is cheap next to it.
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
