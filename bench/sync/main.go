@@ -279,39 +279,27 @@ func burstRound(src, dst string, round int) (time.Duration, time.Duration, time.
 	waitDir(filepath.Join(dst, dir), 60*time.Second)
 	syscall.Sync()
 	time.Sleep(200 * time.Millisecond)
+	arr, err := watchArrivals(filepath.Join(dst, dir))
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer arr.close()
 	cpu0 := cpuTime()
 	start := time.Now()
 	wrote, err := writeChild("burst", filepath.Join(src, dir))
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	for !burstDone(filepath.Join(dst, dir)) {
-		if time.Since(start) > 2*time.Minute {
-			return 0, 0, 0, fmt.Errorf("burst incomplete")
-		}
-		time.Sleep(time.Millisecond)
+	if err := arr.waitCount(1000, start.Add(2*time.Minute)); err != nil {
+		return 0, 0, 0, fmt.Errorf("burst incomplete: %w", err)
 	}
 	took := time.Since(start)
+	if n := countFiles(filepath.Join(dst, dir), 4096); n < 1000 {
+		return 0, 0, 0, fmt.Errorf("burst: 1,000 names arrived but only %d files are complete", n)
+	}
 	lg.Info("bench burst", zap.Int("round", round), zap.Time("start", start), zap.Time("wrote", start.Add(wrote)),
 		zap.Time("complete", start.Add(took)), zap.Duration("unwatched", baseline), zap.Duration("cpu", cpuTime()-cpu0))
 	return took, wrote, baseline, nil
-}
-
-// burstDone reports whether all 1,000 files are complete in dir. It lists
-// names only (cheap) until all are there, so the polling does not compete
-// with the tool being measured; both tools use dot-names for temp files.
-func burstDone(dir string) bool {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return false
-	}
-	n := 0
-	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), ".") {
-			n++
-		}
-	}
-	return n >= 1000 && countFiles(dir, 4096) >= 1000
 }
 
 // childArg runs this binary as the writer of a burst or of the 256 MiB
