@@ -126,9 +126,11 @@ type batchItem struct {
 	q   request
 	dir *os.File // its directory, from the batch's dirSet
 	tmp string   // temp file name in dir, "" once renamed or removed
-	f   *os.File // open until synced
-	ent entry    // the temp file as written, recorded once it is in place
-	err error
+	f   *os.File // open until synced, an unnamed one until linked
+	// anon: f is unnamed (O_TMPFILE) and must stay open until it is linked.
+	anon bool
+	ent  entry // the temp file as written, recorded once it is in place
+	err  error
 }
 
 func (s *Syncer) recvBatch(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
@@ -179,8 +181,9 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 		if it.err == nil {
 			it.err = s.prepBatchFile(rt, &it, body, dirs, *bp)
 		}
-		if it.f != nil && rt.bySyncfs(q.count) {
-			// syncfs needs no descriptor: do not hold hundreds open.
+		if it.f != nil && !it.anon && rt.bySyncfs(q.count) {
+			// syncfs needs no descriptor: do not hold hundreds open
+			// (an unnamed file has to stay open until it is linked).
 			if err := it.f.Close(); err != nil && it.err == nil {
 				it.err = err
 			}
@@ -203,8 +206,8 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 	return items, nil
 }
 
-// prepBatchFile writes one file to a temp file next to its final name; the
-// file stays open for syncBatch.
+// prepBatchFile writes one file to an unnamed file (or a temp file) in the
+// directory of its final name; the file stays open for syncBatch.
 func (s *Syncer) prepBatchFile(rt *rootState, it *batchItem, body io.Reader, dirs *dirSet, buf []byte) error {
 	q := it.q
 	if rt.ex.matchAny(q.path, false) {
@@ -222,11 +225,17 @@ func (s *Syncer) prepBatchFile(rt *rootState, it *batchItem, body io.Reader, dir
 			return err
 		}
 	}
-	f, tmp, err := createIn(d, q.mode)
+	it.dir = d
+	f, anon, err := createAnonIn(d, q.mode)
 	if err != nil {
 		return err
 	}
-	it.dir, it.tmp, it.f = d, tmp, f
+	if anon {
+		it.f, it.anon = f, true
+	} else if it.f, it.tmp, err = createIn(d, q.mode); err != nil {
+		return err
+	}
+	f = it.f
 	// A plain writer: *os.File's ReadFrom would allocate a buffer per file.
 	n, err := io.CopyBuffer(struct{ io.Writer }{f}, body, buf)
 	if err != nil {
@@ -307,6 +316,9 @@ func syncBatch(rt *rootState, items []batchItem) {
 				if err := it.f.Sync(); err != nil {
 					it.err = fmt.Errorf("fsync: %w", err)
 				}
+				if it.anon {
+					continue // closed once linked
+				}
 				if err := it.f.Close(); err != nil && it.err == nil {
 					it.err = err
 				}
@@ -333,20 +345,11 @@ func (s *Syncer) commitBatch(rt *rootState, items []batchItem) {
 			it.discard()
 			continue
 		}
-		name := path.Base(it.q.path)
-		taken, err := existsIn(it.dir, name)
-		if err == nil && taken {
-			err = s.makeRoom(rt, it.q.path, it.q.epoch, false)
-		}
-		if err == nil {
-			err = renameIn(it.dir, it.tmp, name)
-		}
-		if err != nil {
+		if err := s.installBatchFile(rt, it); err != nil {
 			it.err = err
 			it.discard()
 			continue
 		}
-		it.tmp = ""
 		dirs[it.dir] = append(dirs[it.dir], it)
 	}
 	syncBatchDirs(rt, dirs)
@@ -357,6 +360,55 @@ func (s *Syncer) commitBatch(rt *rootState, items []batchItem) {
 				s.countReceived(it.q.size)
 			}
 		}
+	}
+}
+
+// installBatchFile gives a durable file its final name, quarantining what it
+// replaces when the peer never had it. An unnamed file is linked straight
+// to a free name; a taken name needs the temp name and rename(2), which
+// replaces atomically.
+func (s *Syncer) installBatchFile(rt *rootState, it *batchItem) error {
+	name := path.Base(it.q.path)
+	if it.anon {
+		err := linkIn(it.dir, it.f, name)
+		if err == nil {
+			it.closeLinked()
+			return nil
+		}
+		if !errors.Is(err, unix.EEXIST) {
+			return err
+		}
+		it.tmp = path.Base(tempName("."))
+		if err := linkIn(it.dir, it.f, it.tmp); err != nil {
+			it.tmp = ""
+			return err
+		}
+	} else if taken, err := existsIn(it.dir, name); err != nil {
+		return err
+	} else if !taken {
+		return it.rename(name)
+	}
+	if err := s.makeRoom(rt, it.q.path, it.q.epoch, false); err != nil {
+		return err
+	}
+	return it.rename(name)
+}
+
+func (it *batchItem) rename(name string) error {
+	if err := renameIn(it.dir, it.tmp, name); err != nil {
+		return err
+	}
+	it.tmp = ""
+	it.closeLinked()
+	return nil
+}
+
+// closeLinked closes an unnamed file once it has a name. Its content was
+// made durable before, so a close error changes nothing.
+func (it *batchItem) closeLinked() {
+	if it.anon && it.f != nil {
+		it.f.Close()
+		it.f = nil
 	}
 }
 

@@ -63,10 +63,16 @@ func (h *hostileClient) batch(epoch string, n int, body []byte) (int, []batchRes
 }
 
 // A batch lands every file with its content, mode and mtime, one 200 each,
-// made durable by one syncfs or, with syncfs-min-files 0, by fsyncs.
+// made durable by one syncfs or, with syncfs-min-files 0, by fsyncs; written
+// as unnamed files and linked, or (without O_TMPFILE or /proc) as temp
+// files and renamed.
 func TestBatchPut(t *testing.T) {
-	for _, syncfs := range []bool{true, false} {
-		t.Run(fmt.Sprintf("syncfs=%v", syncfs), func(t *testing.T) { testBatchPut(t, syncfs) })
+	defer func(v bool) { procFDs = v }(procFDs)
+	for _, anon := range []bool{true, false} {
+		procFDs = anon
+		for _, syncfs := range []bool{true, false} {
+			t.Run(fmt.Sprintf("unnamed=%v/syncfs=%v", anon, syncfs), func(t *testing.T) { testBatchPut(t, syncfs) })
+		}
 	}
 }
 
@@ -105,6 +111,42 @@ func testBatchPut(t *testing.T, syncfs bool) {
 	}
 	if got := b.s.Status().FilesReceived; got != uint64(len(files)) {
 		t.Fatalf("files received %d", got)
+	}
+	noTempFiles(t, b.root)
+	testBatchReplace(t, b, h)
+}
+
+// testBatchReplace sends a second batch over names that are taken: a file
+// the receiver put there (replaced in place), a file written here and never
+// delivered (quarantined first), a directory of such files in the way.
+func testBatchReplace(t *testing.T, b *node, h *hostileClient) {
+	os.WriteFile(filepath.Join(b.root, "local.txt"), []byte("mine"), 0o644)
+	os.MkdirAll(filepath.Join(b.root, "was-dir"), 0o755)
+	os.WriteFile(filepath.Join(b.root, "was-dir", "inside"), []byte("inside"), 0o644)
+	files := []batchFile{
+		{path: "one.txt", content: "second", mode: 0o644},
+		{path: "local.txt", content: "theirs", mode: 0o644},
+		{path: "was-dir", content: "now a file", mode: 0o644},
+	}
+	for i := range DefaultConfig().SyncfsMinFiles {
+		files = append(files, batchFile{path: fmt.Sprintf("many/m%02d", i), content: "again", mode: 0o644})
+	}
+	st, res := h.batch("5", len(files), batchBody(files))
+	if st != 200 || len(res) != len(files) {
+		t.Fatalf("second batch: %d %+v", st, res)
+	}
+	for i, f := range files {
+		if got := readFile(filepath.Join(b.root, f.path)); res[i].Status != 200 || got != f.content {
+			t.Fatalf("%s: %+v, content %q", f.path, res[i], got)
+		}
+	}
+	q := filepath.Join(b.root, ".hapair-quarantine", "5")
+	if readFile(filepath.Join(q, "local.txt")) != "mine" || readFile(filepath.Join(q, "was-dir", "inside")) != "inside" {
+		t.Fatalf("undelivered local files not quarantined: %q %q",
+			readFile(filepath.Join(q, "local.txt")), readFile(filepath.Join(q, "was-dir", "inside")))
+	}
+	if _, err := os.Stat(filepath.Join(q, "one.txt")); err == nil {
+		t.Fatal("a file the receiver put there was quarantined")
 	}
 	noTempFiles(t, b.root)
 }

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -77,6 +78,43 @@ func createIn(d *os.File, perm uint32) (*os.File, string, error) {
 		return nil, "", fmt.Errorf("create temp: %w", &os.PathError{Op: "openat", Path: name, Err: err})
 	}
 	return os.NewFile(uintptr(fd), name), name, nil
+}
+
+// createAnonIn creates an unnamed file (O_TMPFILE) in the directory d,
+// for linkIn to give it its final name once it is complete and durable. A
+// new file then costs one directory entry instead of three (a temp name,
+// its removal, the final name), and a failed or crashed receive leaves no
+// name behind. ok is false where the file system (or a missing /proc)
+// does not allow it; the caller then uses createIn.
+func createAnonIn(d *os.File, perm uint32) (f *os.File, ok bool, err error) {
+	if !procFDs {
+		return nil, false, nil
+	}
+	fd, err := unix.Openat(int(d.Fd()), ".", unix.O_WRONLY|unix.O_TMPFILE|unix.O_CLOEXEC, perm&0o777)
+	switch {
+	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EISDIR), errors.Is(err, unix.EINVAL):
+		return nil, false, nil
+	case err != nil:
+		return nil, true, fmt.Errorf("create temp: %w", &os.PathError{Op: "openat", Path: d.Name(), Err: err})
+	}
+	return os.NewFile(uintptr(fd), ""), true, nil
+}
+
+// procFDs: linkat(2) of a descriptor without CAP_DAC_READ_SEARCH goes
+// through /proc/self/fd.
+var procFDs = func() bool {
+	_, err := os.Stat("/proc/self/fd")
+	return err == nil
+}()
+
+// linkIn gives the unnamed file f the name name in the directory d; it
+// fails with EEXIST when the name is taken (linkat never replaces).
+func linkIn(d, f *os.File, name string) error {
+	err := unix.Linkat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(int(f.Fd())), int(d.Fd()), name, unix.AT_SYMLINK_FOLLOW)
+	if err != nil {
+		return &os.LinkError{Op: "linkat", Old: "(new file)", New: name, Err: err}
+	}
+	return nil
 }
 
 // openIn opens the regular file name in the directory d for reading,
