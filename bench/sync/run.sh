@@ -2,7 +2,10 @@
 # Side-by-side benchmark: syncdir vs lsyncd (default.rsync, delay 15 and 0)
 # and plain rsync -a / rsync -a --fsync to an rsync daemon, all on loopback.
 # Run by hand, as root:  sudo bench/sync/run.sh [-skip-delay15] [-skip-bulk | -bulk-only]
-#   [-small 20] [-rounds 3]   (wrap in flock /tmp/hapair-bench.lock on shared machines)
+#   [-small 20] [-rounds 3] [-work DIR]   (wrap in flock /tmp/hapair-bench.lock on shared machines)
+#   -work DIR: the trees go there (default: a temp dir). Put it on a file system
+#   whose create cost is steady, e.g. a loop-mounted ext4 with default options;
+#   the README shows a root file system where it was not.
 # Profiling syncdir alone: -syncdir-only [-scenario burst|big] [-cpuprofile F]
 #   [-trace F: syncdir's debug timeline per request/batch, JSON, ns times]
 #   [-syncfs-min-files N] [-insecure: syncdir without TLS, to see what encryption costs]
