@@ -524,8 +524,9 @@ func (sd *sender) plan(ready []key, now time.Time) time.Duration {
 		l.p.early = false
 		if l.ent.Kind == 'f' && !l.p.closed && !early {
 			// Modified moments ago and no close seen (a reconcile found it, or
-			// the events are still on their way): give the writer time.
-			if until := time.Unix(0, l.ent.Mtime).Add(holdOpen); now.Before(until) {
+			// the events are still on their way): give the writer time,
+			// unless no writer has it open any more.
+			if until := time.Unix(0, l.ent.Mtime).Add(holdOpen); now.Before(until) && !noWriter(rt.root, l.k.rel) {
 				l.p.notBefore = until
 				sd.pending[l.k] = l.p
 				if d := until.Sub(now); wait == 0 || d < wait {

@@ -137,8 +137,8 @@ func TestRenamedInFileIsNotHeld(t *testing.T) {
 	a, b, _ := pair(t)
 	a.activate(10)
 	// Wait until the sender watches w/ (a file found by a scan, the start-up
-	// reconcile's or a new directory's, with no close seen, is rightly held
-	// back).
+	// reconcile's or a new directory's, with no close seen, is held back
+	// where no read lease can tell whether it is still open).
 	writeFile(t, filepath.Join(a.root, "w", "first.txt"), "x", 0o644)
 	eventually(t, 10*time.Second, "first file on b", func() bool {
 		return readFile(filepath.Join(b.root, "w", "first.txt")) == "x"
@@ -161,5 +161,76 @@ func TestRenamedInFileIsNotHeld(t *testing.T) {
 	t.Logf("worst rename-to-visible: %v", worst)
 	if worst >= holdOpen {
 		t.Fatalf("a renamed-in file took %v, at least holdOpen (%v)", worst, holdOpen)
+	}
+}
+
+// The first files of a new directory are made before the sender watches it,
+// so no close event is seen for them: they go at once when no writer has
+// them open (a read lease says so), and a file still open is held back.
+func TestNewDirectoryFilesNotHeld(t *testing.T) {
+	a, b, _ := pair(t)
+	a.activate(10)
+	writeFile(t, filepath.Join(a.root, "first.txt"), "x", 0o644)
+	eventually(t, 10*time.Second, "first file on b", func() bool {
+		return readFile(filepath.Join(b.root, "first.txt")) == "x"
+	})
+	var worst time.Duration
+	for n := 0; n < 10; n++ {
+		name := fmt.Sprintf("d%d/sub/f.txt", n)
+		start := time.Now()
+		writeFile(t, filepath.Join(a.root, name), name, 0o644) // makes the directories
+		eventually(t, 10*time.Second, name+" on b", func() bool {
+			return readFile(filepath.Join(b.root, name)) == name
+		})
+		worst = max(worst, time.Since(start))
+	}
+	t.Logf("worst new-directory file to visible: %v", worst)
+	if worst >= holdOpen {
+		t.Fatalf("a new directory's file took %v, at least holdOpen (%v)", worst, holdOpen)
+	}
+
+	// Still open for writing: not sent while open, whole once closed.
+	if err := os.MkdirAll(filepath.Join(a.root, "open"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(a.root, "open", "held.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("part")
+	writeFile(t, filepath.Join(a.root, "open", "after.txt"), "after", 0o644)
+	eventually(t, 10*time.Second, "open/after.txt on b", func() bool {
+		return readFile(filepath.Join(b.root, "open", "after.txt")) == "after"
+	})
+	if _, err := os.Lstat(filepath.Join(b.root, "open", "held.txt")); err == nil {
+		t.Fatal("a file still open for writing was sent")
+	}
+	f.WriteString(" and the rest")
+	f.Close()
+	eventually(t, 10*time.Second, "open/held.txt on b", func() bool {
+		return readFile(filepath.Join(b.root, "open", "held.txt")) == "part and the rest"
+	})
+}
+
+func TestNoWriter(t *testing.T) {
+	dir := t.TempDir()
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	f, err := os.Create(filepath.Join(dir, "w.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if noWriter(root, "w.txt") {
+		t.Fatal("noWriter: true while the file is open for writing")
+	}
+	f.Close()
+	if !noWriter(root, "w.txt") {
+		t.Fatal("noWriter: false once the writer closed it")
+	}
+	if noWriter(root, "missing.txt") {
+		t.Fatal("noWriter: true for a missing file")
 	}
 }
