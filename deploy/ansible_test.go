@@ -498,6 +498,7 @@ func (c *converge) checkRendered(t *testing.T) {
 	unit, _ := os.ReadFile(c.path("A", "etc/systemd/system/hapair-roled.service"))
 	for _, want := range []string{"Type=notify", "WatchdogSec=", "Restart=on-failure", "After=network-online.target hapair-witness.service patroni.service",
 		"ProtectSystem=strict", "ProtectHome=yes", "NoNewPrivileges=yes", "PrivateTmp=yes",
+		"AmbientCapabilities=CAP_LEASE", "CapabilityBoundingSet=CAP_LEASE",
 		"ReadWritePaths=" + c.path("A", "srv/app/uploads")} {
 		if !strings.Contains(string(unit), want) {
 			t.Errorf("A: hapair-roled.service lacks %q", want)
