@@ -68,9 +68,17 @@ type LB struct {
 
 // Drill tunes hapairctl drill.
 type Drill struct {
-	ProbeInterval time.Duration `yaml:"probe-interval"`
-	PhaseTimeout  time.Duration `yaml:"phase-timeout"`
-	Settle        time.Duration `yaml:"settle"`
+	ProbeInterval time.Duration `yaml:"probe-interval"` // write probe period (default 50ms)
+	PhaseTimeout  time.Duration `yaml:"phase-timeout"`  // bound on takeover, rejoin and the wait for redundancy (default 90s)
+	Settle        time.Duration `yaml:"settle"`         // probing after the rejoin (default 3s)
+	// MaxLag is the standby's replication lag bound in bytes (default
+	// 1048576, Patroni's maximum_lag_on_failover default): above it the
+	// standby is not ready and no phase starts.
+	MaxLag int64 `yaml:"max-lag"`
+	// ReadyFor is how long the standby must stay ready before it counts
+	// (default 1s): a replica that Patroni lists, only to rewind it moments
+	// later, must not count as rejoined.
+	ReadyFor time.Duration `yaml:"ready-for"`
 }
 
 // DefaultConfig is a local two-node cluster.
@@ -80,7 +88,7 @@ func DefaultConfig() Config {
 		Etcd: config.DefaultEtcd(), WitnessNames: []string{"witness"}, StepDown: true,
 		LB: LB{AdminURL: "http://127.0.0.1:7480", Backend: "app", WritePath: "/write", WhoPath: "/health"},
 		Drill: Drill{ProbeInterval: 50 * time.Millisecond, PhaseTimeout: 90 * time.Second,
-			Settle: 3 * time.Second},
+			Settle: 3 * time.Second, MaxLag: 1 << 20, ReadyFor: time.Second},
 	}
 }
 
@@ -123,6 +131,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Drill.PhaseTimeout <= 0 {
 		return config.Errorf("drill.phase-timeout", c.Drill.PhaseTimeout, "must be positive")
+	}
+	if c.Drill.MaxLag < 0 {
+		return config.Errorf("drill.max-lag", c.Drill.MaxLag, "must not be negative")
+	}
+	if c.Drill.ReadyFor < 0 {
+		return config.Errorf("drill.ready-for", c.Drill.ReadyFor, "must not be negative")
 	}
 	return nil
 }

@@ -66,6 +66,8 @@ func TestConfigValidateNamesField(t *testing.T) {
 		"key-prefix":            func(c *Config) { c.KeyPrefix = "/x" },
 		"nodes[0].roled-url":    func(c *Config) { c.Nodes[0].RoledURL = "x" },
 		"drill.phase-timeout":   func(c *Config) { c.Drill.PhaseTimeout = -1 },
+		"drill.max-lag":         func(c *Config) { c.Drill.MaxLag = -1 },
+		"drill.ready-for":       func(c *Config) { c.Drill.ReadyFor = -1 },
 		"timeout":               func(c *Config) { c.Timeout = 0 },
 		"cluster":               func(c *Config) { c.Cluster = "" },
 		"lb.url":                func(c *Config) { c.LB.URL = ":80" },

@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,7 +18,7 @@ type DrillPhase struct {
 	RoledActive   time.Duration // survivor's roled is ACTIVE
 	LBServing     time.Duration // the balancer serves only the survivor
 	FirstWrite    time.Duration // first successful write through the lb served by the survivor
-	Rejoined      time.Duration // victim back as replica + PASSIVE (from its start command)
+	Rejoined      time.Duration // victim ready to take over again: streaming replica + PASSIVE (from its start command)
 	Probe         ProbeReport
 	Failures      []string
 }
@@ -77,6 +76,14 @@ func (c *Client) drillPhase(ctx context.Context, victimName string, w io.Writer)
 	}
 	leaders := c.newLeaderSource(ctx, cli, victimName)
 	st := &Steps{W: w, Start: time.Now()}
+	// Never take the last good copy away: the phase starts only once the
+	// survivor-to-be is ready to take over (e.g. right after a switchover the
+	// old primary may not replicate from the new one yet).
+	if _, err := c.waitReady(ctx, st, survivor, nil); err != nil {
+		p.fail("pair not redundant, phase not started: %v", err)
+		return p
+	}
+	st.Start = time.Now()
 	probe := c.NewProbe(c.Cfg.Drill.ProbeInterval)
 	pctx, stopProbe := context.WithCancel(ctx)
 	probeDone := make(chan struct{})
@@ -109,10 +116,10 @@ func (c *Client) drillPhase(ctx context.Context, victimName string, w io.Writer)
 	st.Printf("start %s: %s", victim.Name, victim.StartCommand)
 	if err := runAction(ctx, victim.StartCommand); err != nil {
 		p.fail("start command: %v", err)
-	} else if err := c.waitRejoin(ctx, st, victim, survivor, epoch); err != nil {
+	} else if ready, err := c.waitRejoin(ctx, st, victim, survivor, epoch); err != nil {
 		p.fail("%v", err)
 	} else {
-		p.Rejoined = time.Since(back)
+		p.Rejoined = ready.Sub(back)
 	}
 	time.Sleep(c.Cfg.Drill.Settle)
 	finish()
@@ -160,30 +167,53 @@ func (c *Client) waitTakeover(ctx context.Context, st *Steps, leaders *leaderSou
 	return fmt.Errorf("%s did not take over within %s", survivor.Name, c.Cfg.Drill.PhaseTimeout)
 }
 
-// waitRejoin waits until victim is a running replica and PASSIVE, and checks
-// the survivor stays ACTIVE with the same epoch meanwhile.
-func (c *Client) waitRejoin(ctx context.Context, st *Steps, victim, survivor Node, epoch int64) error {
-	deadline := time.Now().Add(c.Cfg.Drill.PhaseTimeout)
-	for time.Now().Before(deadline) {
+// waitRejoin waits until victim is ready to take over again (standbyReady:
+// streaming from the leader on its timeline, lag in bounds, PASSIVE) for
+// Drill.ReadyFor without a break, and checks the survivor stays ACTIVE with
+// the same epoch meanwhile.
+func (c *Client) waitRejoin(ctx context.Context, st *Steps, victim, survivor Node, epoch int64) (time.Time, error) {
+	return c.waitReady(ctx, st, victim, func() error {
 		if r := c.Roled(ctx, survivor); survivor.RoledURL != "" && (r.Role != "active" || r.Epoch != epoch) {
 			return fmt.Errorf("%s disturbed while %s came back: role %s epoch %d (was %d)",
 				survivor.Name, victim.Name, r.Role, r.Epoch, epoch)
 		}
-		replica := false
-		for _, m := range c.patroniCluster(ctx) {
-			if m.Name == victim.Member() && m.Role == "replica" && (m.State == "running" || m.State == "streaming") {
-				replica = true
+		return nil
+	})
+}
+
+// waitReady polls n's readiness until it has held for Drill.ReadyFor, the
+// phase timeout passes (the error names the last reason) or guard fails. It
+// returns when the unbroken ready stretch began.
+func (c *Client) waitReady(ctx context.Context, st *Steps, n Node, guard func() error) (time.Time, error) {
+	deadline := time.Now().Add(c.Cfg.Drill.PhaseTimeout)
+	var since time.Time // ready without a break since
+	last, lastDetail := StandbyReason(-1), ""
+	for time.Now().Before(deadline) {
+		if guard != nil {
+			if err := guard(); err != nil {
+				return time.Time{}, err
 			}
 		}
-		if replica && (victim.RoledURL == "" || c.Roled(ctx, victim).Role == "passive") {
-			st.Printf("%s rejoined as replica + PASSIVE", victim.Name)
-			return nil
+		reason, detail := c.StandbyReadiness(ctx, n)
+		if reason != last || detail != lastDetail {
+			st.Printf("%s standby: %s %s", n.Name, reason, detail)
+			last, lastDetail = reason, detail
+		}
+		switch {
+		case reason != StandbyReady:
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		}
+		if !since.IsZero() && time.Since(since) >= c.Cfg.Drill.ReadyFor {
+			st.Printf("%s ready to take over (replica streaming + PASSIVE)", n.Name)
+			return since, nil
 		}
 		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
-			return err
+			return time.Time{}, err
 		}
 	}
-	return errors.New(victim.Name + " did not rejoin as replica + PASSIVE in time")
+	return time.Time{}, fmt.Errorf("%s not ready to take over within %s: %s %s", n.Name, c.Cfg.Drill.PhaseTimeout, last, lastDetail)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

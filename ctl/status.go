@@ -81,6 +81,7 @@ type RoledNode struct {
 	Takeover []json.RawMessage `json:"takeover_alarms"`
 	Sync     struct {
 		Sending          bool    `json:"sending"`
+		QueueDepth       int     `json:"queue_depth"`
 		LagSeconds       float64 `json:"lag_seconds"`
 		QuarantinedTotal uint64  `json:"quarantined_total"`
 		LastError        string  `json:"last_error"`
