@@ -7,12 +7,13 @@ BINARIES := $(notdir $(wildcard cmd/*))
 export PATH := $(PATH):/usr/local/go/bin
 SHELL    := /bin/bash
 
-.PHONY: help deps build test vet demo clean
+.PHONY: help deps build test vet demo bench clean
 
 help:
 	@echo "make demo   the main job: a complete local cluster and a switchover with timings"
 	@echo "make test   install test dependencies, then vet and run every test with -race"
 	@echo "make build  build $(BINARIES) into $(BIN)/"
+	@echo "make bench  every side-by-side benchmark, one table, bench/RESULTS.md (BENCH_QUICK=1: a few minutes)"
 
 deps:
 	scripts/deps.sh test lab
@@ -42,6 +43,10 @@ demo: build
 	scripts/deps.sh lab
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/hapair-lab ./lab/cmd/hapair-lab
 	$(BIN)/hapair-lab demo
+
+# Every side-by-side benchmark, serialised, as root (bench/all.sh says why).
+bench:
+	bench/all.sh
 
 clean:
 	rm -rf $(BIN)

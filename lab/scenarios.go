@@ -212,7 +212,15 @@ func DrillBoth(ctx context.Context, l *Lab, r *Result) {
 		r.fail("no leader after the drill: %v", err)
 		return
 	}
-	time.Sleep(2 * time.Second) // sync settles
+	// Sync settles: the ACTIVE's sender has caught up (nothing queued).
+	if n, ok := c.Cfg.Node(leader); ok && n.RoledURL != "" {
+		if !poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
+			r := c.Roled(ctx, n)
+			return r.Role == "active" && r.Sync.Sending && r.Sync.QueueDepth == 0 && r.Sync.LagSeconds == 0
+		}) {
+			r.note("drill: file sync on %s not caught up within 30s", leader)
+		}
+	}
 	// Files written since the drill began must be those of the node that
 	// acknowledged them, on the current ACTIVE.
 	overwritten := 0

@@ -187,11 +187,11 @@ func TestEventLoop(t *testing.T) {
 	if _, err := br.ReadByte(); err != io.EOF {
 		t.Fatalf("idle connection: %v, want EOF", err)
 	}
-	if d := time.Since(start); d > 3*time.Second {
+	if d := time.Since(start); d > 4*time.Second {
 		t.Fatalf("idle connection closed after %s (idle-timeout 400ms)", d)
 	}
 	h1 := l.listeners["web"].h1
-	waitFor(t, 2*time.Second, "connection forgotten", func() bool {
+	waitFor(t, 10*time.Second, "connection forgotten", func() bool {
 		h1.mu.Lock()
 		defer h1.mu.Unlock()
 		return len(h1.conns) == 0

@@ -36,7 +36,7 @@ func TestBootstrap(t *testing.T) {
 	if !markerExists(a.cfg.Marker.Path) {
 		t.Fatal("A is ACTIVE without a marker")
 	}
-	b.waitCode(t, 503, time.Second)
+	b.waitCode(t, 503, 10*time.Second)
 	if markerExists(b.cfg.Marker.Path) {
 		t.Fatal("B is PASSIVE with a marker")
 	}
@@ -171,14 +171,14 @@ func TestPatroniPrimaryWithoutLeaderKey(t *testing.T) {
 	a.pat.promote()
 	a.waitCode(t, 200, 5*time.Second)
 	a.pat.set(func(p *fakePatroni) { p.garbage = true })
-	a.waitCode(t, 503, 2*time.Second)
+	a.waitCode(t, 503, 10*time.Second)
 	if r := a.status(t).Reason; r != string(ReasonPatroniGarbage) {
 		t.Fatalf("A reason %q, want %q", r, ReasonPatroniGarbage)
 	}
 	a.pat.set(func(p *fakePatroni) { p.garbage = false })
 	a.waitCode(t, 200, 5*time.Second)
 	a.pat.set(func(p *fakePatroni) { p.hang = true })
-	a.waitCode(t, 503, 2*time.Second)
+	a.waitCode(t, 503, 10*time.Second)
 	if r := a.status(t).Reason; r != string(ReasonPatroniDown) {
 		t.Fatalf("A reason %q, want %q", r, ReasonPatroniDown)
 	}
@@ -220,7 +220,7 @@ func TestHookFailure(t *testing.T) {
 		return counterValue(a.d.m.hookRuns.WithLabelValues("on_active", "failed")) >= 2
 	})
 	cli := c.Client(t)
-	waitFor(t, 2*time.Second, "active key released", func() bool {
+	waitFor(t, 10*time.Second, "active key released", func() bool {
 		_, ok := getKey(t, cli, Prefix("hapair")+"active")
 		return !ok && !markerExists(a.cfg.Marker.Path)
 	})
@@ -317,7 +317,7 @@ func TestTakeoverGuard(t *testing.T) {
 	a.pat.dropKey()
 	b.pat.promote()
 	eb := b.waitCode(t, 200, 10*time.Second)
-	a.waitCode(t, 503, time.Second)
+	a.waitCode(t, 503, 10*time.Second)
 	// The heal: A's Patroni PUTs its name over B's key, B's demotes.
 	b.pat.set(func(p *fakePatroni) { p.primary = false })
 	overwrite := time.Now()
@@ -426,7 +426,7 @@ func TestStepDownRequest(t *testing.T) {
 	if _, err := cli.Put(ctx, key, "test"); err != nil {
 		t.Fatal(err)
 	}
-	a.waitCode(t, 503, 2*time.Second)
+	a.waitCode(t, 503, 10*time.Second)
 	if r := a.status(t).Reason; r != string(ReasonStepDown) {
 		t.Fatalf("reason %q, want %q", r, ReasonStepDown)
 	}

@@ -43,7 +43,7 @@ func TestPatroniClient(t *testing.T) {
 	if _, _, err := c.Primary(ctx); err == nil || errors.Is(err, errGarbage) {
 		t.Fatalf("hang: %v", err)
 	}
-	if d := time.Since(start); d > time.Second {
+	if d := time.Since(start); d > 5*time.Second { // ~300 ms measured: a guard against hanging
 		t.Fatalf("hung call took %s with a 300ms timeout", d)
 	}
 }

@@ -35,7 +35,7 @@ SIZES=${SIZES:-small big}
 WORKERS=${WORKERS:-1 2}
 KINDS=${KINDS:-direct nginx haproxy hapair-lb}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-W=$(mktemp -d /tmp/hapair-lb-bench.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/hapair-lb-bench.XXXXXX")
 chmod 755 "$W"
 PIDS=()
 

@@ -6,6 +6,8 @@
 //	    open-loop GETs at a fixed rate; prints latency percentiles
 //	roledbench idle -pid N -duration 30s
 //	    CPU share and RSS of a process over the interval
+//	roledbench flip -etcd http://127.0.0.1:12379 -roled BIN -dir DIR -flips 20
+//	    two hapair-roled on fake Patronis: leader-key change → new ACTIVE's 200
 //
 // run.sh wires them together with Debian's etcd and a built hapair-roled.
 package main
@@ -31,7 +33,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: roledbench patroni|load|idle [flags]")
+		fmt.Fprintln(os.Stderr, "usage: roledbench patroni|load|idle|flip [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -42,6 +44,8 @@ func main() {
 		err = load(os.Args[2:])
 	case "idle":
 		err = idle(os.Args[2:])
+	case "flip":
+		err = flip(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}

@@ -1,11 +1,12 @@
 #!/bin/sh
-# Measure hapair-roled by hand: idle CPU and RSS, and /ha-health latency at
-# 2,000 requests/s. Needs Debian's etcd (package etcd-server) and Go.
+# Measure hapair-roled by hand: idle CPU and RSS, /ha-health latency at
+# 2,000 requests/s, and the role flip (leader-key change → the new ACTIVE's
+# 200, two roled on fake Patronis). Needs Debian's etcd (etcd-server) and Go.
 # Everything runs on 127.0.0.1 in a temp dir and is stopped at exit.
 set -eu
 cd "$(dirname "$0")/../.."
-RATE=${RATE:-2000} DURATION=${DURATION:-10s} IDLE=${IDLE:-30s}
-T=$(mktemp -d /tmp/roledbench.XXXXXX)
+RATE=${RATE:-2000} DURATION=${DURATION:-10s} IDLE=${IDLE:-30s} FLIPS=${FLIPS:-20}
+T=$(mktemp -d "${TMPDIR:-/tmp}/roledbench.XXXXXX")
 pids=""
 cleanup() { for p in $pids; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$T"; }
 trap cleanup EXIT INT TERM
@@ -41,3 +42,8 @@ echo "roled ACTIVE; measuring idle for $IDLE"
 echo "/ha-health at $RATE req/s for $DURATION"
 "$T/roledbench" load -url http://127.0.0.1:17400/ha-health -rate "$RATE" -duration "$DURATION"
 echo "RSS after load: $(grep VmRSS /proc/$rpid/status)"
+kill "$rpid"; wait "$rpid" 2>/dev/null || true
+kill $(echo $pids | awk '{print $2}') 2>/dev/null || true # the single-node fake Patroni
+mkdir -p "$T/flip"
+echo "role flip, $FLIPS flips"
+"$T/roledbench" flip -etcd http://127.0.0.1:12379 -roled "$T/hapair-roled" -dir "$T/flip" -flips "$FLIPS"

@@ -23,7 +23,7 @@ JOINS=${JOINS:-5}
 BASE=${BASE:-25790}
 EBASE=$((BASE + 1000))
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-WORK=$(mktemp -d /tmp/hapair-bench.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/hapair-bench.XXXXXX")
 ETCD=${ETCD:-/usr/bin/etcd}
 declare -A PID
 TICK=$(getconf CLK_TCK)

@@ -57,8 +57,10 @@ func TestBootstrapSurvivesOneLossNotTwo(t *testing.T) {
 	if err == nil {
 		t.Fatal("put succeeded with one member of three")
 	}
-	if took := time.Since(start); took > 3*time.Second {
-		t.Fatalf("failed put took %s, want within the 2s client timeout", took)
+	// It fails at the 2 s client timeout; the bound only says it does not
+	// hang (10× the timeout).
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("failed put took %s with a 2s client timeout", took)
 	}
 
 	a.start()
@@ -226,7 +228,7 @@ func TestWitnessHandsLeadershipBack(t *testing.T) {
 		_, _ = lc.MoveLeader(mctx, witnessID)
 	}()
 	t.Cleanup(func() { <-done })
-	waitFor(t, 3*time.Second, "the witness to hand the leadership back", func() bool {
+	waitFor(t, 10*time.Second, "the witness to hand the leadership back", func() bool {
 		if w.metric("hapair_witness_leader_transfers_total") < 1 {
 			return false
 		}

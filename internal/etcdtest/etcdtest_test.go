@@ -33,6 +33,8 @@ func get(t *testing.T, cli *clientv3.Client, k string) string {
 }
 
 // The cluster comes up fast enough for every integration test to use its own.
+// Measured 0.23-0.74 s (median 0.58 s, 5 runs, helpers busy on the 2 cores);
+// the bound is a regression guard at over 10× that.
 func TestStartsQuickly(t *testing.T) {
 	start := time.Now()
 	c := New(t)
@@ -41,8 +43,8 @@ func TestStartsQuickly(t *testing.T) {
 	if c.Size() != 3 || c.Leader() < 0 {
 		t.Fatalf("size %d leader %d", c.Size(), c.Leader())
 	}
-	if took > 2*time.Second {
-		t.Errorf("cluster took %v to start, want under 2s", took)
+	if took > 10*time.Second {
+		t.Errorf("cluster took %v to start, want well under 10s", took)
 	}
 }
 
