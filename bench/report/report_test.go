@@ -54,7 +54,9 @@ func TestParseLBSwitch(t *testing.T) {
 
 func TestParseSync(t *testing.T) {
 	var b strings.Builder
-	r := func(name, other, ours, ratio string) { fmt.Fprintf(&b, "%-34s %14s %14s %10s\n", name, other, ours, ratio) }
+	r := func(name, other, ours, ratio string) {
+		fmt.Fprintf(&b, "%-34s %14s %14s %10s\n", name, other, ours, ratio)
+	}
 	r("small file, median [lsyncd delay=0]", "61.0ms", "2.9ms", "21.0x")
 	r("1,000 x 4 KiB burst [lsyncd delay=0]", "1.91s", "185.0ms", "10.3x")
 	r("  its writer [lsyncd delay=0]", "70.0ms", "100.0ms", "0.7x")
