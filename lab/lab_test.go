@@ -122,6 +122,18 @@ func runLabGroup(ctx context.Context, t *testing.T, opt Options, mode string, to
 			}
 			if !r.OK() {
 				t.Errorf("scenario failed; lab output:\n%s", out.String())
+				// One failure stays one failure: the next scenario runs on
+				// a new lab, not on whatever this one left behind.
+				t.Logf("rebuilding the lab after the failed scenario")
+				_ = l.Down()
+				nl, err := NewLab(opt, &out)
+				if err != nil {
+					t.Fatalf("rebuild: %v", err)
+				}
+				l = nl
+				if err := l.Up(ctx); err != nil {
+					t.Fatalf("rebuild: up: %v\n%s", err, out.String())
+				}
 			}
 		})
 	}
