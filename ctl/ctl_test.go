@@ -173,6 +173,12 @@ func (f *fakeCluster) patroni(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		_ = json.NewEncoder(w).Encode(map[string]any{"members": ms})
+	case "/patroni": // the leader's walsenders: the other node streams
+		other := "a"
+		if l == "a" {
+			other = "b"
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"role": "master", "replication": []Replication{{ApplicationName: other, State: "streaming"}}})
 	case "/switchover":
 		var body map[string]string
 		_ = json.NewDecoder(r.Body).Decode(&body)
@@ -279,5 +285,62 @@ func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
 	}
 	if _, err := c.Switchover(ctx, "b", &buf); err == nil {
 		t.Error("switchover to the current leader succeeded")
+	}
+}
+
+// A paused etcd member (it accepts connections and never answers) shows its
+// own error; the others stay healthy, and the pair is serving but not
+// redundant (exit code 1) instead of every member looking UNHEALTHY.
+func TestStatusRedundancyAndDeadMember(t *testing.T) {
+	etcd := etcdtest.New(t)
+	f := &fakeCluster{}
+	f.leader.Store("a")
+	pat := httptest.NewServer(http.HandlerFunc(f.patroni))
+	defer pat.Close()
+	ra, rb := httptest.NewServer(f.roled("a")), httptest.NewServer(f.roled("b"))
+	defer ra.Close()
+	defer rb.Close()
+	lb := httptest.NewServer(http.HandlerFunc(f.lb))
+	defer lb.Close()
+	cfg := DefaultConfig()
+	cfg.Etcd.Endpoints = etcd.Endpoints()
+	cfg.Timeout = time.Second
+	cfg.Nodes = []Node{{Name: "a", PatroniURL: pat.URL, RoledURL: ra.URL}, {Name: "b", PatroniURL: pat.URL, RoledURL: rb.URL}}
+	cfg.LB.AdminURL = lb.URL
+	c := NewClient(cfg, nil, nil)
+	ctx := context.Background()
+	st := c.Status(ctx)
+	if st.Redundancy.Level != Redundant {
+		t.Fatalf("healthy pair: %+v", st.Redundancy)
+	}
+	var buf bytes.Buffer
+	if err := st.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(buf.String(), "\n")
+	if first != "REDUNDANT yes — a ACTIVE, b ready to take over" {
+		t.Errorf("headline %q", first)
+	}
+	if !strings.Contains(buf.String(), "STANDBY") || strings.Contains(buf.String(), "DOWN") {
+		t.Errorf("the PASSIVE node should show as STANDBY, not DOWN:\n%s", buf.String())
+	}
+
+	victim := (etcd.Leader() + 1) % etcd.Size()
+	etcd.Pause(victim)
+	defer etcd.Resume(victim)
+	st = c.Status(ctx)
+	healthy := 0
+	for _, m := range st.Etcd {
+		if m.Healthy {
+			healthy++
+		} else if m.Error == "" {
+			t.Errorf("unhealthy member %s without its error", m.Name)
+		}
+	}
+	if healthy != 2 {
+		t.Errorf("%d healthy members with one paused, want 2: %+v", healthy, st.Etcd)
+	}
+	if st.Redundancy.Level != Degraded || !strings.Contains(st.Redundancy.Line(), "etcd member") {
+		t.Errorf("one member paused: %+v", st.Redundancy)
 	}
 }

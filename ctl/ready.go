@@ -121,10 +121,10 @@ func lagBytes(v any) (int64, bool) {
 	return 0, false
 }
 
-// StandbyReadiness reads what standbyReady needs from Patroni and roled.
-func (c *Client) StandbyReadiness(ctx context.Context, n Node) (StandbyReason, string) {
-	v := StandbyView{Members: c.patroniCluster(ctx), MaxLag: c.Cfg.Drill.MaxLag}
-	for _, m := range v.Members {
+// leaderReplication reads the walsenders of the Patroni leader among members
+// from its own /patroni (nil when no configured node is the leader).
+func (c *Client) leaderReplication(ctx context.Context, members []PatroniMember) []Replication {
+	for _, m := range members {
 		if !isLeaderRole(m.Role) {
 			continue
 		}
@@ -134,11 +134,18 @@ func (c *Client) StandbyReadiness(ctx context.Context, n Node) (StandbyReason, s
 					Replication []Replication `json:"replication"`
 				}
 				if err := c.getJSON(ctx, strings.TrimSuffix(ln.PatroniURL, "/")+"/patroni", &st); err == nil {
-					v.LeaderRepl = st.Replication
+					return st.Replication
 				}
 			}
 		}
 	}
+	return nil
+}
+
+// StandbyReadiness reads what standbyReady needs from Patroni and roled.
+func (c *Client) StandbyReadiness(ctx context.Context, n Node) (StandbyReason, string) {
+	v := StandbyView{Members: c.patroniCluster(ctx), MaxLag: c.Cfg.Drill.MaxLag}
+	v.LeaderRepl = c.leaderReplication(ctx, v.Members)
 	if n.RoledURL != "" {
 		v.RoledRole = c.Roled(ctx, n).Role
 	}

@@ -18,16 +18,18 @@ import (
 
 // Status is the whole cluster as hapairctl sees it (hapairctl status --json).
 type Status struct {
-	Time     time.Time       `json:"time"`
-	Etcd     []EtcdMember    `json:"etcd"`
-	EtcdErr  string          `json:"etcd_error,omitempty"`
-	Active   *ActiveKey      `json:"active,omitempty"`
-	Leader   *LeaderKey      `json:"patroni_leader_key,omitempty"`
-	Alarms   []Alarm         `json:"takeover_alarms"`
-	Patroni  []PatroniMember `json:"patroni"`
-	Roled    []RoledNode     `json:"roled"`
-	Backends []LBServer      `json:"balancer"`
-	LBErr    string          `json:"balancer_error,omitempty"`
+	Time       time.Time       `json:"time"`
+	Redundancy Redundancy      `json:"redundancy"`
+	LeaderRepl []Replication   `json:"patroni_leader_replication,omitempty"`
+	Etcd       []EtcdMember    `json:"etcd"`
+	EtcdErr    string          `json:"etcd_error,omitempty"`
+	Active     *ActiveKey      `json:"active,omitempty"`
+	Leader     *LeaderKey      `json:"patroni_leader_key,omitempty"`
+	Alarms     []Alarm         `json:"takeover_alarms"`
+	Patroni    []PatroniMember `json:"patroni"`
+	Roled      []RoledNode     `json:"roled"`
+	Backends   []LBServer      `json:"balancer"`
+	LBErr      string          `json:"balancer_error,omitempty"`
 }
 
 // EtcdMember is one etcd member's health.
@@ -107,11 +109,39 @@ func (c *Client) Status(ctx context.Context) Status {
 	st := Status{Time: time.Now()}
 	var g errgroup.Group
 	g.Go(func() error { c.etcdStatus(ctx, &st); return nil })
-	g.Go(func() error { st.Patroni = c.patroniCluster(ctx); return nil })
+	g.Go(func() error {
+		st.Patroni = c.patroniCluster(ctx)
+		st.LeaderRepl = c.leaderReplication(ctx, st.Patroni)
+		return nil
+	})
 	g.Go(func() error { st.Roled = c.roledAll(ctx); return nil })
 	g.Go(func() error { st.Backends, st.LBErr = c.lbServers(ctx); return nil })
 	_ = g.Wait()
+	st.Redundancy = c.assess(st)
 	return st
+}
+
+// assess decides the headline from the snapshot st (no further reads).
+func (c *Client) assess(st Status) Redundancy {
+	r := assess(st, c.Cfg.Nodes, c.Cfg.LB.Backend, StandbyNotMember, "")
+	if r.Level == NotServing {
+		return r
+	}
+	// The standby is the configured node that is not ACTIVE.
+	for _, n := range c.Cfg.Nodes {
+		if n.Name == r.Active {
+			continue
+		}
+		v := StandbyView{Members: st.Patroni, LeaderRepl: st.LeaderRepl, MaxLag: c.Cfg.Drill.MaxLag}
+		for _, rn := range st.Roled {
+			if rn.Node == n.Name && n.RoledURL != "" {
+				v.RoledRole = rn.Role
+			}
+		}
+		reason, detail := standbyReady(v, n.Member())
+		return assess(st, c.Cfg.Nodes, c.Cfg.LB.Backend, reason, detail)
+	}
+	return r
 }
 
 func (c *Client) etcdStatus(ctx context.Context, st *Status) {
@@ -121,29 +151,47 @@ func (c *Client) etcdStatus(ctx context.Context, st *Status) {
 		return
 	}
 	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, c.Cfg.Timeout)
-	defer cancel()
-	ml, err := cli.MemberList(ctx)
+	lctx, cancel := context.WithTimeout(ctx, c.Cfg.Timeout)
+	ml, err := cli.MemberList(lctx)
+	cancel()
 	if err != nil {
 		st.EtcdErr = "member list: " + err.Error()
 	} else {
-		for _, m := range ml.Members {
-			em := EtcdMember{Name: m.Name, Witness: slices.Contains(c.Cfg.WitnessNames, m.Name)}
-			if len(m.ClientURLs) > 0 {
-				em.Endpoint = m.ClientURLs[0]
-				if s, err := cli.Status(ctx, em.Endpoint); err != nil {
+		// Each member is asked on its own, with its own timeout: a dead
+		// member must not use up the others' time and make them look
+		// unhealthy.
+		st.Etcd = make([]EtcdMember, len(ml.Members))
+		var g errgroup.Group
+		for i, m := range ml.Members {
+			em := &st.Etcd[i]
+			*em = EtcdMember{Name: m.Name, Witness: slices.Contains(c.Cfg.WitnessNames, m.Name)}
+			if len(m.ClientURLs) == 0 {
+				em.Error = "no client URL (not started yet?)"
+				continue
+			}
+			em.Endpoint = m.ClientURLs[0]
+			g.Go(func() error {
+				mctx, cancel := context.WithTimeout(ctx, c.Cfg.Timeout)
+				defer cancel()
+				if s, err := cli.Status(mctx, em.Endpoint); err != nil {
 					em.Error = err.Error()
 				} else {
 					em.Healthy = len(s.Errors) == 0
 					em.Leader = s.Leader == m.ID
 					em.RaftTerm = s.RaftTerm
+					if !em.Healthy {
+						em.Error = strings.Join(s.Errors, "; ")
+					}
 				}
-			}
-			st.Etcd = append(st.Etcd, em)
+				return nil
+			})
 		}
+		_ = g.Wait()
 		sort.Slice(st.Etcd, func(i, j int) bool { return st.Etcd[i].Name < st.Etcd[j].Name })
 	}
-	c.readKeys(ctx, cli, st)
+	kctx, cancel := context.WithTimeout(ctx, c.Cfg.Timeout)
+	defer cancel()
+	c.readKeys(kctx, cli, st)
 }
 
 func (c *Client) readKeys(ctx context.Context, cli *clientv3.Client, st *Status) {
@@ -251,6 +299,8 @@ func (s Status) Serving(backend string) []string {
 
 // WriteTable renders the status as the operator's table.
 func (s Status) WriteTable(w io.Writer) error {
+	fmt.Fprintln(w, s.Redundancy.Line())
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ETCD MEMBER\tENDPOINT\tHEALTH\tLEADER\tWITNESS")
 	if s.EtcdErr != "" {
@@ -272,7 +322,7 @@ func (s Status) WriteTable(w io.Writer) error {
 	for _, p := range s.Patroni {
 		lag := "-"
 		if p.Lag != nil {
-			lag = fmt.Sprint(p.Lag)
+			lag = fmtLag(p.Lag)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", p.Name, p.Role, p.State, p.Timeline, lag)
 	}
@@ -323,9 +373,38 @@ func (s Status) WriteTable(w io.Writer) error {
 		if !b.LastChange.IsZero() {
 			lc = b.LastChange.Format("15:04:05.000")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", b.Backend, b.Name, b.State, yes(b.Eligible), b.Epoch, lc, b.LastReason)
+		state := b.State
+		if !b.Eligible && s.passive(b.Name) {
+			// The PASSIVE node answers 503 on purpose: a standby, not a failure.
+			state = "STANDBY"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", b.Backend, b.Name, state, yes(b.Eligible), b.Epoch, lc, b.LastReason)
 	}
 	return tw.Flush()
+}
+
+// passive reports whether roled on node says PASSIVE (and was reachable).
+func (s Status) passive(node string) bool {
+	for _, r := range s.Roled {
+		if r.Node == node {
+			return r.Role == "passive" && r.Error == ""
+		}
+	}
+	return false
+}
+
+// fmtLag shows Patroni's lag (bytes, or "unknown") with its unit.
+func fmtLag(v any) string {
+	b, ok := lagBytes(v)
+	switch {
+	case !ok:
+		return fmt.Sprint(v)
+	case b < 1<<10:
+		return fmt.Sprintf("%d B", b)
+	case b < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
 }
 
 func yes(b bool) string {

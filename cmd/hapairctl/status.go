@@ -11,7 +11,7 @@ import (
 )
 
 func init() {
-	register(command{name: "status", summary: "one table of the whole cluster: etcd, Patroni, roled, balancer (--json)", run: runStatus})
+	register(command{name: "status", summary: "REDUNDANT yes/no, then one table of the whole cluster (--json); exit 0 redundant, 1 degraded, 2 not serving", run: runStatus})
 }
 
 // loadCtl parses the subcommand's flags (plus --config) and reads ctl.yaml.
@@ -46,15 +46,17 @@ func runStatus(ctx context.Context, e *env, args []string) int {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(st); err != nil {
-			return 1
+			return int(ctl.NotServing)
 		}
-		return 0
+		return int(st.Redundancy.Level)
 	}
 	if err := st.WriteTable(e.stdout); err != nil {
-		return 1
+		return int(ctl.NotServing)
 	}
 	if len(st.Alarms) > 0 {
 		fmt.Fprintln(e.stdout, "\ntakeover alarm raised: check the data (LAB.md §6), then clear it with: hapairctl ack")
 	}
-	return 0
+	// For scripts and monitoring: 0 redundant, 1 serving but not
+	// redundant, 2 not serving (also a configuration error, above).
+	return int(st.Redundancy.Level)
 }

@@ -1,0 +1,132 @@
+package ctl
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Level is the answer to the operator's first question after an incident.
+// Its value is hapairctl status's exit code.
+type Level int
+
+const (
+	Redundant  Level = 0 // serving, and the standby could take over now
+	Degraded   Level = 1 // serving, but one more failure loses the service
+	NotServing Level = 2 // no node is ACTIVE (or nothing can tell)
+)
+
+func (l Level) String() string {
+	switch l {
+	case Redundant:
+		return "yes"
+	case Degraded:
+		return "no"
+	}
+	return "NOT SERVING"
+}
+
+// Redundancy is status's headline: the level and every reason it is not
+// better, each naming the part.
+type Redundancy struct {
+	Level   Level    `json:"level"`
+	Verdict string   `json:"verdict"` // yes, no, NOT SERVING
+	Active  string   `json:"active,omitempty"`
+	Standby string   `json:"standby,omitempty"`
+	Reasons []string `json:"reasons,omitempty"`
+}
+
+// Line is the first line of hapairctl status.
+func (r Redundancy) Line() string {
+	switch r.Level {
+	case Redundant:
+		return fmt.Sprintf("REDUNDANT yes — %s ACTIVE, %s ready to take over", r.Active, r.Standby)
+	case Degraded:
+		return "REDUNDANT no — " + strings.Join(r.Reasons, "; ")
+	}
+	return "NOT SERVING — " + strings.Join(r.Reasons, "; ")
+}
+
+// assess is the pure decision behind the headline: Status plus the standby's
+// readiness (standbyReady, computed by the caller from the same snapshot).
+func assess(s Status, nodes []Node, backend string, standby StandbyReason, standbyDetail string) Redundancy {
+	var r Redundancy
+	active, withRoled := 0, 0
+	for _, n := range s.Roled {
+		if n.Role == "n/a" { // roled-url not configured for this node
+			continue
+		}
+		withRoled++
+		if n.Role == "active" && n.Error == "" {
+			active++
+			r.Active = n.Node
+		}
+	}
+	if withRoled == 0 && s.Leader != nil { // no roled configured: Patroni's leader serves
+		for _, n := range nodes {
+			if n.Member() == s.Leader.Member {
+				r.Active, active = n.Name, 1
+			}
+		}
+	}
+	switch {
+	case active == 0:
+		r.Reasons = append(r.Reasons, "no node is ACTIVE")
+	case active > 1:
+		r.Reasons = append(r.Reasons, "more than one roled says ACTIVE")
+	}
+	if s.LBErr == "" && len(s.Backends) > 0 && r.Active != "" && !contains(s.Serving(backend), r.Active) {
+		r.Reasons = append(r.Reasons, "the balancer does not serve from "+r.Active)
+	}
+	for _, a := range s.Alarms {
+		r.Reasons = append(r.Reasons, "takeover alarm "+a.Key)
+	}
+	if len(r.Reasons) > 0 {
+		r.Level, r.Verdict = NotServing, NotServing.String()
+		return r
+	}
+	for _, n := range nodes {
+		if n.Name != r.Active {
+			r.Standby = n.Name
+		}
+	}
+	for _, m := range s.Etcd {
+		if !m.Healthy {
+			r.Reasons = append(r.Reasons, fmt.Sprintf("etcd member %s down (%s)", m.Name, m.Error))
+		}
+	}
+	if s.EtcdErr != "" {
+		r.Reasons = append(r.Reasons, "etcd: "+s.EtcdErr)
+	} else if len(s.Etcd) < 3 {
+		r.Reasons = append(r.Reasons, fmt.Sprintf("%d etcd members, want 3", len(s.Etcd)))
+	}
+	switch {
+	case r.Standby == "":
+		r.Reasons = append(r.Reasons, "no second node configured")
+	case standby != StandbyReady:
+		msg := r.Standby + ": " + standby.String()
+		if standbyDetail != "" {
+			msg += " (" + standbyDetail + ")"
+		}
+		r.Reasons = append(r.Reasons, msg)
+	}
+	for _, n := range s.Roled {
+		if n.Node == r.Active && n.Sync.LastError != "" { // the ACTIVE's sender
+			r.Reasons = append(r.Reasons, r.Active+" → "+r.Standby+" file sync: "+n.Sync.LastError)
+		}
+	}
+	if len(r.Reasons) > 0 {
+		r.Level, r.Verdict = Degraded, Degraded.String()
+		return r
+	}
+	r.Level, r.Verdict = Redundant, Redundant.String()
+	return r
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,59 @@
+package ctl
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestAssess(t *testing.T) {
+	nodes := []Node{{Name: "a"}, {Name: "b"}}
+	etcd := []EtcdMember{{Name: "a", Healthy: true}, {Name: "b", Healthy: true}, {Name: "witness", Healthy: true}}
+	roled := func(a, b string) []RoledNode { return []RoledNode{{Node: "a", Role: a}, {Node: "b", Role: b}} }
+	lb := []LBServer{{Backend: "app", Name: "a", Eligible: true}, {Backend: "app", Name: "b"}}
+	base := func() Status { return Status{Etcd: etcd, Roled: roled("active", "passive"), Backends: lb} }
+	cases := []struct {
+		name    string
+		st      func() Status
+		standby StandbyReason
+		want    Level
+		reason  string
+	}{
+		{"redundant", base, StandbyReady, Redundant, ""},
+		{"standby rewinding", base, StandbyNotRunning, Degraded, "b: PostgreSQL not running"},
+		{"etcd member down", func() Status {
+			s := base()
+			s.Etcd = []EtcdMember{etcd[0], etcd[1], {Name: "witness", Error: "context deadline exceeded"}}
+			return s
+		}, StandbyReady, Degraded, "etcd member witness down (context deadline exceeded)"},
+		{"two etcd members only", func() Status { s := base(); s.Etcd = etcd[:2]; return s }, StandbyReady, Degraded, "2 etcd members"},
+		{"sender failing", func() Status {
+			s := base()
+			s.Roled[0].Sync.LastError = "peer refused"
+			return s
+		}, StandbyReady, Degraded, "file sync: peer refused"},
+		{"no ACTIVE", func() Status { s := base(); s.Roled = roled("passive", "passive"); return s }, StandbyReady, NotServing, "no node is ACTIVE"},
+		{"ACTIVE unreachable", func() Status {
+			s := base()
+			s.Roled[0].Error = "connection refused"
+			return s
+		}, StandbyReady, NotServing, "no node is ACTIVE"},
+		{"balancer elsewhere", func() Status {
+			s := base()
+			s.Backends = []LBServer{{Backend: "app", Name: "a"}, {Backend: "app", Name: "b"}}
+			return s
+		}, StandbyReady, NotServing, "balancer does not serve from a"},
+		{"takeover alarm", func() Status { s := base(); s.Alarms = []Alarm{{Key: "/hapair/x/alarm/takeover/a"}}; return s }, StandbyReady, NotServing, "takeover alarm"},
+		{"no roled: the Patroni leader serves", func() Status {
+			s := base()
+			s.Roled = []RoledNode{{Node: "a", Role: "n/a"}, {Node: "b", Role: "n/a"}}
+			s.Leader = &LeaderKey{Member: "a"}
+			return s
+		}, StandbyReady, Redundant, ""},
+	}
+	for _, c := range cases {
+		r := assess(c.st(), nodes, "app", c.standby, "")
+		if r.Level != c.want || !strings.Contains(r.Line(), c.reason) {
+			t.Errorf("%s: %v %q, want %v with %q", c.name, r.Level, r.Line(), c.want, c.reason)
+		}
+	}
+}
