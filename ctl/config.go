@@ -192,10 +192,14 @@ type Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 
 // Client is hapairctl's access to the cluster.
 type Client struct {
-	Cfg  Config
-	HTTP *http.Client
-	dial Dialer
-	lg   *zap.Logger
+	Cfg Config
+	// Force lets Switchover go to a target that is not ready to take over
+	// (hapairctl switchover --force): the operator accepts losing what the
+	// target lacks.
+	Force bool
+	HTTP  *http.Client
+	dial  Dialer
+	lg    *zap.Logger
 }
 
 // NewClient builds a client; dial may be nil.

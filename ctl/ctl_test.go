@@ -158,6 +158,7 @@ func TestCertsMutualTLS(t *testing.T) {
 // does.
 type fakeCluster struct {
 	leader atomic.Value // string
+	noRepl atomic.Bool  // the leader has no walsender: the standby is not ready
 	kv     *clientv3.Client
 	key    string
 }
@@ -178,7 +179,11 @@ func (f *fakeCluster) patroni(w http.ResponseWriter, r *http.Request) {
 		if l == "a" {
 			other = "b"
 		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"role": "master", "replication": []Replication{{ApplicationName: other, State: "streaming"}}})
+		repl := []Replication{{ApplicationName: other, State: "streaming"}}
+		if f.noRepl.Load() {
+			repl = nil
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"role": "master", "replication": repl})
 	case "/switchover":
 		var body map[string]string
 		_ = json.NewDecoder(r.Body).Decode(&body)
@@ -270,9 +275,18 @@ func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, buf.String())
 		}
 	}
+	// A target that is not streaming is refused, with the reason.
+	f.noRepl.Store(true)
+	if _, err := c.Switchover(ctx, "b", &buf); !errors.Is(err, ErrNotReady) || !strings.Contains(err.Error(), "not streaming") {
+		t.Fatalf("switchover to a standby that is not ready: %v", err)
+	}
+	f.noRepl.Store(false)
 	res, err := c.Switchover(ctx, "b", &buf)
 	if err != nil {
 		t.Fatalf("switchover: %v\n%s", err, buf.String())
+	}
+	if res.Redundant <= 0 || !strings.Contains(buf.String(), "redundant again after") {
+		t.Errorf("switchover did not follow the old primary back to a ready standby (%v):\n%s", res.Redundant, buf.String())
 	}
 	if res.From != "a" || res.LBServing == 0 || res.RoledActive == 0 || res.PatroniLeader == 0 {
 		t.Errorf("switchover result %+v", res)

@@ -108,7 +108,16 @@ type SwitchoverResult struct {
 	PatroniLeader time.Duration // Patroni's leader key names To
 	RoledActive   time.Duration // To's roled says active
 	LBServing     time.Duration // the balancer serves only To
+	Redundant     time.Duration // From ready to take over again (streaming from To), 0 if not
 }
+
+// ErrNotReady is returned when the switchover target is not ready to take
+// over and Force is not set.
+var ErrNotReady = errors.New("target not ready to take over")
+
+// ErrNotRedundant is returned when the switchover happened but the old
+// primary did not become a ready standby within drill.phase-timeout.
+var ErrNotRedundant = errors.New("switched over, but not redundant again")
 
 // Switchover asks Patroni for a planned switchover to node to and follows it
 // until the balancer serves from it, printing each step.
@@ -127,6 +136,12 @@ func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (Switch
 	}
 	res.From = from
 	fromNode, _ := c.Cfg.Node(from)
+	if reason, detail := c.StandbyReadiness(ctx, target); reason != StandbyReady {
+		if !c.Force {
+			return res, fmt.Errorf("%w: %s: %s %s (--force to switch over anyway)", ErrNotReady, to, reason, detail)
+		}
+		fmt.Fprintf(w, "WARNING: --force: %s is not ready to take over (%s %s); writes it lacks will be lost\n", to, reason, detail)
+	}
 	// One etcd client for the step-down and for following the leader key.
 	cli, err := c.Etcd() // nil on error: followed over REST alone
 	if err != nil && c.Cfg.StepDown {
@@ -152,7 +167,30 @@ func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (Switch
 	st.Printf("switchover %s -> %s: POST %s/switchover", from, to, fromNode.PatroniURL)
 	done := make(chan error, 1)
 	go func() { done <- c.postSwitchover(ctx, fromNode, target) }()
-	return res, c.follow(ctx, st, leaders, fromNode, target, done, &res)
+	if err := c.follow(ctx, st, leaders, fromNode, target, done, &res); err != nil {
+		return res, err
+	}
+	// Not "done" while there is no standby: follow the old primary until it
+	// streams from the new one.
+	ready, err := c.waitReady(ctx, st, fromNode, nil)
+	if err != nil {
+		st.Printf("NOT redundant: %v", err)
+		return res, fmt.Errorf("%w: %v", ErrNotRedundant, err)
+	}
+	res.Redundant = ready.Sub(st.Start)
+	st.Printf("redundant again after %.1f s", res.Redundant.Seconds())
+	return res, nil
+}
+
+// WaitStandbyReady waits (bounded by drill.phase-timeout) until n is ready
+// to take over, printing each change of the reason to w.
+func (c *Client) WaitStandbyReady(ctx context.Context, n string, w io.Writer) error {
+	node, ok := c.Cfg.Node(n)
+	if !ok {
+		return fmt.Errorf("unknown node %q", n)
+	}
+	_, err := c.waitReady(ctx, &Steps{W: w, Start: time.Now()}, node, nil)
+	return err
 }
 
 // stepDownTTL bounds how long a step-down request outlives a hapairctl that
@@ -250,7 +288,7 @@ func (c *Client) follow(ctx context.Context, st *Steps, leaders *leaderSource, f
 			st.Printf("balancer serves from %s", to.Name)
 		}
 		if restDone && res.PatroniLeader > 0 && (res.RoledActive > 0 || to.RoledURL == "") && res.LBServing > 0 {
-			st.Printf("done")
+			st.Printf("%s serves", to.Name)
 			return nil
 		}
 		if time.Now().After(deadline) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -59,6 +60,16 @@ func (l *Lab) writeCtlConfig() error {
 // Ctl is a hapairctl client whose traffic starts on the client host.
 func (l *Lab) Ctl() *ctl.Client {
 	return ctl.NewClient(l.CtlConfig(), l.Net.DialContext(Client), nil)
+}
+
+// Switchover waits until to is ready to take over (hapairctl switchover
+// refuses it otherwise), then switches over to it.
+func (l *Lab) Switchover(ctx context.Context, to string, w io.Writer) (ctl.SwitchoverResult, error) {
+	c := l.Ctl()
+	if err := c.WaitStandbyReady(ctx, to, w); err != nil {
+		return ctl.SwitchoverResult{}, err
+	}
+	return c.Switchover(ctx, to, w)
 }
 
 // Transition is a change of a polled state.

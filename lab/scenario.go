@@ -185,7 +185,7 @@ func (l *Lab) Normalize(ctx context.Context) error {
 	if primary == NodeA {
 		return nil
 	}
-	if _, err := l.Ctl().Switchover(ctx, NodeA, io.Discard); err != nil {
+	if _, err := l.Switchover(ctx, NodeA, io.Discard); err != nil {
 		return err
 	}
 	return l.WaitSettled(ctx, NodeA, 60*time.Second)

@@ -117,6 +117,10 @@ func steady(samples []ctl.Sample, n int, limit time.Duration) bool {
 }
 
 func switchoverOnce(ctx context.Context, l *Lab, r *Result, label, to string) {
+	if err := l.Ctl().WaitStandbyReady(ctx, to, l.Out); err != nil {
+		r.fail("switchover -> %s (%s): target never ready: %v", to, label, err)
+		return
+	}
 	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
 	time.Sleep(300 * time.Millisecond) // writes before the switchover
 	// A fresh lab's first writes open cold database connections and create
@@ -150,6 +154,7 @@ func switchoverOnce(ctx context.Context, l *Lab, r *Result, label, to string) {
 	r.secs(name+": visible downtime", rep.Downtime)
 	r.secs(name+": max wait", rep.MaxWait)
 	r.secs(name+": Patroni REST returned", res.PatroniDone)
+	r.secs(name+": redundant again (old primary streaming)", res.Redundant)
 	followFigures(r, pr, rep, name, to, t0)
 	if pgOK, ok := pr.pg.FirstOK(to, t0); ok && label == "hold on" {
 		// The part of the longest wait that is not Patroni's: the new
@@ -529,7 +534,7 @@ func LBPartitioned(ctx context.Context, l *Lab, r *Result) {
 		r.fail("cut lb from etcd: %v", err)
 	}
 	time.Sleep(2 * time.Second)
-	if _, err := l.Ctl().Switchover(ctx, NodeB, l.Out); err != nil {
+	if _, err := l.Switchover(ctx, NodeB, l.Out); err != nil {
 		r.fail("switchover with lb cut from etcd: %v", err)
 	}
 	if err := l.WaitSettled(ctx, NodeB, 30*time.Second); err != nil {
@@ -661,7 +666,7 @@ func soakFault(ctx context.Context, l *Lab) string {
 		_ = l.StartNode(Witness)
 		return "witness kill"
 	default:
-		_, _ = l.Ctl().Switchover(ctx, Other(leader), io.Discard)
+		_, _ = l.Switchover(ctx, Other(leader), io.Discard)
 		return "switchover"
 	}
 }

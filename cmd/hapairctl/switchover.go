@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	register(command{name: "switchover", summary: "planned switchover via Patroni, followed until the balancer serves the new node", run: runSwitchover})
+	register(command{name: "switchover", summary: "planned switchover via Patroni to a ready standby (--force), followed until the pair is redundant again", run: runSwitchover})
 }
 
 // runSwitchover asks Patroni for a planned switchover and follows it until
@@ -17,6 +17,7 @@ func init() {
 func runSwitchover(ctx context.Context, e *env, args []string) int {
 	fs := flag.NewFlagSet("switchover", flag.ContinueOnError)
 	to := fs.String("to", "", "node that becomes primary and ACTIVE (required)")
+	force := fs.Bool("force", false, "switch over even to a node that is not ready to take over (loses what it lacks)")
 	stepDown := fs.String("step-down", "", "true|false: ask the old ACTIVE's roled to step down first (default: step-down in ctl.yaml, true)")
 	cfg, code, ok := loadCtl(fs, e, args)
 	if !ok {
@@ -34,7 +35,9 @@ func runSwitchover(ctx context.Context, e *env, args []string) int {
 		e.errorf("switchover", "--to NODE is required")
 		return 2
 	}
-	if _, err := ctl.NewClient(cfg, nil, nil).Switchover(ctx, *to, e.stdout); err != nil {
+	c := ctl.NewClient(cfg, nil, nil)
+	c.Force = *force
+	if _, err := c.Switchover(ctx, *to, e.stdout); err != nil {
 		e.errorf("switchover", "%v", err)
 		return 1
 	}

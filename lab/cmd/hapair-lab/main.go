@@ -102,7 +102,7 @@ func run(ctx context.Context, cmd string, args []string) error {
 		if err != nil {
 			return err
 		}
-		_, err = l.Ctl().Switchover(ctx, args[0], os.Stdout)
+		_, err = l.Switchover(ctx, args[0], os.Stdout)
 		return err
 	}
 	usage()
