@@ -66,6 +66,7 @@ var Scenarios = []Scenario{
 	{"5-partition", DCSRemote, PartitionDesign},
 	{"7-frozen-patroni", DCSRemote, FrozenPatroni},
 	{"8-lb-partitioned", DCSRemote, LBPartitioned},
+	{"9-drills-back-to-back", DCSRemote, DrillsBackToBack},
 	{"6-partition-default-hosts", DCSAll, PartitionDefaultHosts},
 }
 
