@@ -232,13 +232,16 @@ func parseLBSwitch(log string) []Row {
 		{"balancer", "role switch, etcd fast path: median ms", fmt.Sprintf("%.1f", fast.median), fmt.Sprintf("%.1f haproxy 100ms", hap100.median), ratio(fast.median, hap100.median), "≤ 100 ms", atMost(fast.median, 100)},
 		{"balancer", "role switch, etcd fast path: max ms", fmt.Sprintf("%.1f", fast.max), fmt.Sprintf("%.1f haproxy 100ms", hap100.max), ratio(fast.max, hap100.max), "-", NoGoal},
 		{"balancer", "role switch: both nodes in service, max ms", fmt.Sprintf("%.1f", fast.overlapMax), fmt.Sprintf("%.1f haproxy 100ms", hap100.overlapMax), "-", "0", atMost(fast.overlapMax, 0)},
-		{"balancer", "role switch: requests to the old node", fmt.Sprintf("%.0f", fast.toOld), fmt.Sprintf("%.0f haproxy 100ms", hap100.toOld), "-", "0", atMost(fast.toOld, 0)},
+		// Requests the old node answered after its flip, before the balancer
+		// knew (it keeps serving in the bench): the cost of following, not
+		// a safety figure; "both in service" is.
+		{"balancer", "role switch: answered by the old node after its flip", fmt.Sprintf("%.0f", fast.toOld), fmt.Sprintf("%.0f haproxy 100ms", hap100.toOld), ratio(fast.toOld, hap100.toOld), "-", NoGoal},
 	}
 	if okH2 {
 		rows = append(rows, Row{"balancer", "role switch: failed requests", fmt.Sprintf("%.0f of %.0f", fast.failed, fast.total), fmt.Sprintf("%.0f haproxy 2s", hap2s.failed), "-", "0", atMost(fast.failed, 0)})
 	}
 	if okC {
-		rows = append(rows, Row{"balancer", "role switch, checks only (100 ms): median ms", fmt.Sprintf("%.1f", checks.median), fmt.Sprintf("%.1f haproxy 100ms", hap100.median), ratio(checks.median, hap100.median), "≤ 1.00× HAProxy", atMost(checks.median/hap100.median, 1)})
+		rows = append(rows, Row{"balancer", "role switch, checks only (100 ms): median ms", fmt.Sprintf("%.1f", checks.median), fmt.Sprintf("%.1f haproxy 100ms", hap100.median), ratio(checks.median, hap100.median), "-", NoGoal})
 	}
 	return rows
 }
