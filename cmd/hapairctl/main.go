@@ -22,6 +22,7 @@ type command struct {
 
 // env is what a subcommand may use besides its arguments.
 type env struct {
+	stdin          io.Reader // nil: no terminal, questions are answered no
 	stdout, stderr io.Writer
 }
 
@@ -42,7 +43,7 @@ func register(c command) {
 
 func main() {
 	ctx, stop := daemon.SignalContext()
-	code := run(ctx, &env{stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:])
+	code := run(ctx, &env{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}, os.Args[1:])
 	stop()
 	os.Exit(code)
 }

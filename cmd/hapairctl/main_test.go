@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -107,5 +108,29 @@ func TestAck(t *testing.T) {
 	}
 	if code, _, _ := runCtl(t, "ack", "--endpoints", eps); code != 1 {
 		t.Fatalf("second ack: exit %d, want 1 (nothing left)", code)
+	}
+}
+
+// The drill kills nodes: without --yes it asks, and anything but "yes" (or
+// no terminal at all) stops it before any command runs.
+func TestDrillAsksFirst(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "stopped")
+	p := filepath.Join(dir, "ctl.yaml")
+	cfg := "nodes:\n" +
+		"  - {name: a, patroni-url: \"http://127.0.0.1:1\", stop-command: \"touch " + marker + "\", start-command: \"true\"}\n" +
+		"  - {name: b, patroni-url: \"http://127.0.0.1:1\", stop-command: \"touch " + marker + "\", start-command: \"true\"}\n"
+	if err := os.WriteFile(p, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, stdin := range []io.Reader{nil, strings.NewReader("no\n"), strings.NewReader("y\n")} {
+		var out bytes.Buffer
+		code := run(context.Background(), &env{stdin: stdin, stdout: &out, stderr: &out}, []string{"drill", "--config", p})
+		if code != 1 || !strings.Contains(out.String(), "not confirmed") {
+			t.Errorf("stdin %v: exit %d, %q", stdin, code, out.String())
+		}
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("a stop command ran without confirmation")
 	}
 }
