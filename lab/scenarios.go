@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hapair/hapair/ctl"
+	"github.com/hapair/hapair/roled"
 )
 
 // needParts marks r skipped when a part the scenario needs was not built.
@@ -249,6 +250,7 @@ func DrillsBackToBack(ctx context.Context, l *Lab, r *Result) {
 	if !needParts(l, r, BinLB, BinRoled) {
 		return
 	}
+	before, _ := l.Ctl().History(ctx)
 	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
 	var buf bytes.Buffer
 	out := io.MultiWriter(&buf, l.Out)
@@ -310,6 +312,31 @@ func DrillsBackToBack(ctx context.Context, l *Lab, r *Result) {
 	}
 	if len(a.LostFiles) > 0 || len(a.Overwritten) > 0 {
 		r.fail("%d acknowledged files silently lost, %d overwritten", len(a.LostFiles), len(a.Overwritten))
+	}
+	// The new ACTIVE's roled recorded every role change: the switchover,
+	// then a failover per kill.
+	evs, herr := l.Ctl().History(ctx)
+	if herr != nil {
+		r.fail("hapairctl history: %v", herr)
+		return
+	}
+	var hb bytes.Buffer
+	_ = ctl.WriteHistory(&hb, evs)
+	r.note("hapairctl history:\n%s", hb.String())
+	added := evs[min(len(before), len(evs)):]
+	var kinds []string
+	for _, e := range added {
+		kinds = append(kinds, string(e.Kind))
+	}
+	if want := 1 + len(phases); len(added) != want || (len(added) > 0 && added[0].Kind != roled.KindSwitchover) {
+		r.fail("history recorded %v, want a switchover and %d failovers", kinds, len(phases))
+	}
+	for _, e := range added[min(1, len(added)):] {
+		if e.Kind != roled.KindFailover {
+			r.fail("history recorded %v, want a failover for each kill", kinds)
+			break
+		}
+		r.secs(fmt.Sprintf("history, %s → %s: no ACTIVE for", e.From, e.To), time.Duration(e.GapSeconds*float64(time.Second)))
 	}
 }
 

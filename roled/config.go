@@ -35,10 +35,16 @@ type Config struct {
 	Agent        AgentConfig        `yaml:"agent"`
 	ReplicaAgent ReplicaAgentConfig `yaml:"replica-agent"`
 	PHPFPM       FPMConfig          `yaml:"php-fpm"`
+	History      HistoryConfig      `yaml:"history"`
 
 	// Sync is the file sync (package syncdir), enabled when it lists roots.
 	// roled drives its direction; its receiver runs in the same process.
 	Sync syncdir.Config `yaml:"sync"`
+}
+
+// HistoryConfig bounds the failover history under <key-prefix>history/.
+type HistoryConfig struct {
+	Keep int `yaml:"keep"` // events kept, the newest (default 100)
 }
 
 // PatroniConfig says where the local Patroni is and how its keys are named.
@@ -145,8 +151,9 @@ func DefaultConfig() Config {
 			PrimaryReply:        "drain",
 			Interval:            time.Second,
 		},
-		PHPFPM: FPMConfig{Interval: 5 * time.Second, Timeout: time.Second},
-		Sync:   syncdir.DefaultConfig(),
+		PHPFPM:  FPMConfig{Interval: 5 * time.Second, Timeout: time.Second},
+		History: HistoryConfig{Keep: 100},
+		Sync:    syncdir.DefaultConfig(),
 	}
 }
 
@@ -271,6 +278,9 @@ func (c Config) validateOutputs() error {
 	}
 	if c.Marker.Path != "" && !strings.HasPrefix(c.Marker.Path, "/") {
 		return config.Errorf("marker.path", c.Marker.Path, "must be absolute")
+	}
+	if c.History.Keep < 1 {
+		return config.Errorf("history.keep", c.History.Keep, "must be at least 1")
 	}
 	f := c.PHPFPM
 	if f.URL != "" {

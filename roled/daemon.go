@@ -51,6 +51,8 @@ type Daemon struct {
 	loopBeat  atomic.Int64 // now() of the state loop's last iteration
 	sync      SyncHooks
 	ls        loopState // owned by the state goroutine
+	hist      history   // the last ACTIVE seen, for the failover history
+	histq     chan historyJob
 
 	// owned by the etcd goroutine
 	readErr       bool
@@ -105,6 +107,7 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*Daemon, error) {
 		wake:    make(chan struct{}, 1), pollNow: make(chan struct{}, 1),
 		readNow: make(chan struct{}, 1), beatNow: make(chan struct{}, 1),
 		reported: map[takeoverKey]bool{}, takeoverCache: map[takeoverKey]*TakeoverAlarm{},
+		histq: make(chan historyJob, 4),
 	}
 	if cfg.Postgres.Enabled {
 		pg, err := newPGChecker(cfg.Postgres.DSN, cfg.Postgres.Timeout)
@@ -219,6 +222,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	g.Go(func() error { return d.etcdLoop(gctx) })
 	g.Go(func() error { return d.pollLoop(gctx) })
 	g.Go(func() error { return d.heartbeatLoop(gctx) })
+	g.Go(func() error { return d.historyLoop(gctx) })
 	g.Go(func() error { return d.serveHTTP(gctx) })
 	if d.agentLn != nil {
 		g.Go(func() error { return d.serveAgent(gctx, d.agentLn, "app", d.appAgentReply) })

@@ -170,6 +170,7 @@ func (d *Daemon) readOnce(ctx context.Context) {
 		v.takeover = t
 	}
 	d.syncAlarms(tctx, v)
+	d.hist.observe(v, time.Now())
 	old := d.etcdView.Swap(v)
 	nudge(d.wake)
 	if old.leader.ModRev != v.leader.ModRev || old.leader.Exists != v.leader.Exists {

@@ -13,6 +13,7 @@ type Metrics struct {
 	reg *prometheus.Registry
 
 	transitions       *prometheus.CounterVec
+	failoverDuration  *prometheus.HistogramVec
 	patroniDuration   prometheus.Histogram
 	patroniErrors     *prometheus.CounterVec
 	postgresErrors    prometheus.Counter
@@ -55,6 +56,15 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "HAProxy agent-check connections answered, by agent (app, replica)."}, []string{"agent"}),
 		fpmErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: name("fpm_scrape_errors_total"),
 			Help: "Failed reads of the PHP-FPM status page."}),
+	}
+	// Named for the pair, not roled: the new ACTIVE's roled observes the
+	// whole role change (old ACTIVE gone → this node serving).
+	m.failoverDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "hapair_failover_duration_seconds",
+		Help:    "Time without an ACTIVE node in a role change, by kind (switchover, demotion, failover), as recorded in the history.",
+		Buckets: []float64{.05, .1, .25, .5, 1, 2, 3, 5, 8, 13, 20, 30, 60}}, []string{"kind"})
+	reg.MustRegister(m.failoverDuration)
+	for _, k := range []HistoryKind{KindSwitchover, KindDemotion, KindFailover} {
+		m.failoverDuration.WithLabelValues(string(k))
 	}
 	reg.MustRegister(m.transitions, m.patroniDuration, m.patroniErrors, m.postgresErrors,
 		m.keepaliveFailures, m.leaseGrants, m.etcdReadErrors, m.hookRuns, m.takeovers,

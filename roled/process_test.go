@@ -184,6 +184,16 @@ func TestPausedProcessWakesPassive(t *testing.T) {
 		t.Fatalf("B's epoch %d not above A's %d", eb, ea)
 	}
 	bActive := time.Since(stopped)
+	// A never let go: its key went with its lease, and B records a failover.
+	hcli := c.Client(t)
+	waitFor(t, 10*time.Second, "failover in the history", func() bool {
+		evs := readHistory(t, hcli, cfgA.prefix())
+		if len(evs) == 0 {
+			return false
+		}
+		ev := evs[len(evs)-1]
+		return ev.Kind == KindFailover && ev.From == "A" && ev.FromEpoch == ea && ev.To == "B" && ev.Epoch == eb && ev.GapSeconds > 0
+	})
 	// The pause must outlast the lease TTL (the scenario, not a sync point).
 	time.Sleep(time.Until(stopped.Add(cfgA.LeaseTTL + 500*time.Millisecond)))
 	pa.signal(t, syscall.SIGCONT)

@@ -127,7 +127,7 @@ func (d *Daemon) tidyPassive(ctx context.Context, o Observation, reason Reason) 
 		return
 	}
 	d.ls.nextRelease = now + 500*time.Millisecond
-	if err := d.release(ctx, o.Active.CreateRev); err != nil {
+	if err := d.release(ctx, o.Active.CreateRev, nil); err != nil {
 		d.lg.Warn("cannot release leftover active key", zap.Int64("epoch", o.Active.CreateRev), zap.Error(err))
 		return
 	}
@@ -137,6 +137,7 @@ func (d *Daemon) tidyPassive(ctx context.Context, o Observation, reason Reason) 
 // becomeActive follows DESIGN.md's order: acquire key, on_active, marker,
 // 200, sender. The deadline is checked before each ACTIVE-only step.
 func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
+	prev := d.hist.last() // the holder before us, before our own key shows
 	d.holding.Store(true)
 	epoch, err := d.acquire(ctx, o)
 	if err != nil {
@@ -184,6 +185,7 @@ func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
 	if d.sync.SetActive != nil {
 		d.sync.SetActive(epoch)
 	}
+	d.queueHistory(historyJob{epoch: epoch, served: since, prev: prev})
 	nudge(d.beatNow)
 }
 
@@ -195,7 +197,7 @@ func (d *Daemon) failActive(ctx context.Context, epoch int64, reason Reason) {
 		d.lg.Error("cannot remove marker", zap.Error(err))
 	}
 	d.ls.epoch = 0
-	if err := d.release(ctx, epoch); err != nil {
+	if err := d.release(ctx, epoch, nil); err != nil {
 		d.lg.Warn("cannot release active key", zap.Int64("epoch", epoch), zap.Error(err))
 	} else {
 		d.holding.Store(false)
@@ -233,7 +235,8 @@ func (d *Daemon) becomePassive(ctx context.Context, reason Reason) {
 	if err := removeMarker(d.cfg.Marker.Path); err != nil {
 		d.lg.Error("cannot remove marker", zap.String("path", d.cfg.Marker.Path), zap.Error(err))
 	}
-	if err := d.release(ctx, epoch); err != nil {
+	if err := d.release(ctx, epoch, &releaseRecord{Node: d.cfg.Node, Epoch: epoch, At: time.Now().UTC(),
+		Reason: string(reason), StepDown: d.etcdView.Load().stepDown}); err != nil {
 		d.lg.Warn("cannot release active key (retrying while passive)", zap.Int64("epoch", epoch), zap.Error(err))
 	} else {
 		d.holding.Store(false)
@@ -300,8 +303,10 @@ func (d *Daemon) acquire(ctx context.Context, o Observation) (int64, error) {
 }
 
 // release deletes the active key if it is still the one created at epoch. A
-// planned demotion thus frees the key at once instead of after a TTL.
-func (d *Daemon) release(ctx context.Context, epoch int64) error {
+// planned demotion thus frees the key at once instead of after a TTL. An
+// ACTIVE node that served leaves rec beside it, in the same transaction, for
+// the next ACTIVE's history.
+func (d *Daemon) release(ctx context.Context, epoch int64, rec *releaseRecord) error {
 	if epoch == 0 {
 		return nil
 	}
@@ -309,8 +314,13 @@ func (d *Daemon) release(ctx context.Context, epoch int64) error {
 	tctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	key := d.activeKey()
+	ops := []clientv3.Op{clientv3.OpDelete(key)}
+	if rec != nil {
+		b, _ := json.Marshal(rec)
+		ops = append(ops, clientv3.OpPut(releasedKey(d.cfg.prefix()), string(b)))
+	}
 	_, err := d.cli.Txn(tctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", epoch)).
-		Then(clientv3.OpDelete(key)).Commit()
+		Then(ops...).Commit()
 	if err != nil {
 		return fmt.Errorf("release txn: %w", err)
 	}
