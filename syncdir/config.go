@@ -44,6 +44,18 @@ type Config struct {
 	// else is dirty on that filesystem: set 0 (fsyncs only) where the root
 	// shares a filesystem with a busy database.
 	SyncfsMinFiles int `yaml:"syncfs-min-files"`
+	// Owners makes the receiver give files the owner (uid, gid) the sender
+	// sent (default false: files belong to the user roled runs as). Only
+	// effective when roled runs as root.
+	Owners bool `yaml:"owners"`
+	// RootOwner lets Owners give a file to uid 0 or gid 0 (default false:
+	// such a file keeps the receiver's user, as with Owners off).
+	RootOwner bool `yaml:"root-owner"`
+	// ModeMask is the set of permission bits kept from the mode the sender
+	// sent, as an octal number of at most 0777 (default 0777: rwx for
+	// user, group and others as sent). Setuid, setgid and sticky bits are
+	// never applied, whatever the mask.
+	ModeMask uint32 `yaml:"mode-mask"`
 	// RetryMin and RetryMax bound the backoff after a failed request.
 	RetryMin time.Duration `yaml:"retry-min"`
 	RetryMax time.Duration `yaml:"retry-max"`
@@ -76,6 +88,7 @@ func DefaultConfig() Config {
 		ReconcileInterval: 10 * time.Minute,
 		Concurrency:       32,
 		SyncfsMinFiles:    16,
+		ModeMask:          0o777,
 		RetryMin:          200 * time.Millisecond,
 		RetryMax:          10 * time.Second,
 	}
@@ -152,6 +165,9 @@ func (c *Config) validateTimings() error {
 	}
 	if c.SyncfsMinFiles < 0 {
 		return config.Errorf(field("syncfs-min-files"), c.SyncfsMinFiles, "must be 0 (never) or more")
+	}
+	if c.ModeMask > 0o777 {
+		return config.Errorf(field("mode-mask"), fmt.Sprintf("%#o", c.ModeMask), "must be permission bits only (at most 0777)")
 	}
 	if c.RetryMin <= 0 {
 		return config.Errorf(field("retry-min"), c.RetryMin, "must be positive")

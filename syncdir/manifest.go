@@ -103,6 +103,16 @@ func (m mEntry) equal(o mEntry, owners bool) bool {
 	return m.L == o.L
 }
 
+// asApplied is the sender's entry e as this receiver would have applied
+// it (applyPolicy), so a mode or owner the policy changes does not make
+// the file differ at every reconcile.
+func (s *Syncer) asApplied(e mEntry) mEntry {
+	if e.K != "l" {
+		e.O = s.policyMode(e.O)
+	}
+	return e
+}
+
 func (s *Syncer) recvManifest(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
 	var req manifestReq
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxManifest)).Decode(&req); err != nil {
@@ -114,20 +124,31 @@ func (s *Syncer) recvManifest(w http.ResponseWriter, r *http.Request, rt *rootSt
 	}
 	sent := make(map[string]bool, len(req.Entries))
 	resp := manifestResp{Need: []string{}, Extra: []string{}}
+	var agreed []string
 	for _, e := range req.Entries {
 		p, err := checkPath(e.P)
 		if err != nil {
 			return err
 		}
 		sent[p] = true
-		if l, ok := local[p]; ok && l.m.equal(e, canChown) {
-			rt.rec.set(p, l.ent) // both sides agree: this copy is confirmed
+		if l, ok := local[p]; ok && l.m.equal(s.asApplied(e), s.wantOwner(e.U, e.G)) {
+			agreed = append(agreed, p)
 			continue
 		}
 		if !rt.ex.matchAny(p, e.K == "d") {
 			resp.Need = append(resp.Need, p)
 		}
 	}
+	// Marking copies confirmed is a change too: only a fully read manifest
+	// does it, inside the fence.
+	release, err := s.holdFence(q)
+	if err != nil {
+		return err
+	}
+	for _, p := range agreed {
+		rt.rec.set(p, local[p].ent) // both sides agree: this copy is confirmed
+	}
+	release()
 	for p := range local {
 		if sent[p] {
 			continue

@@ -15,6 +15,11 @@ import (
 // epochStore keeps the highest fencing epoch this node has seen, on disk,
 // so a restarted receiver still refuses an old ACTIVE.
 type epochStore struct {
+	// gate orders changes against epochs: every change to a root holds it
+	// shared (holdFence), raising the highest epoch holds it exclusively,
+	// so once a higher epoch is recorded no change of a lower one is still
+	// being made, and none starts.
+	gate    sync.RWMutex
 	mu      sync.Mutex
 	file    string
 	highest int64
@@ -46,6 +51,11 @@ func (e *epochStore) get() int64 {
 // admit reports whether epoch may act (not below the highest), and records
 // it durably when it is higher before anyone is answered.
 func (e *epochStore) admit(epoch int64) (bool, error) {
+	if h := e.get(); epoch <= h {
+		return epoch == h, nil
+	}
+	e.gate.Lock()
+	defer e.gate.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if epoch < e.highest {

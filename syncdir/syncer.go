@@ -77,6 +77,9 @@ type Syncer struct {
 	ln net.Listener
 	// newWatcher builds the inotify watcher (replaced in tests).
 	newWatcher func() (watcher, error)
+	// afterBatchFile, when set (tests), runs after each file of a batch
+	// body is read.
+	afterBatchFile func()
 
 	mu      sync.Mutex
 	runCtx  context.Context

@@ -1,0 +1,249 @@
+package syncdir
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// The installer is the one way anything becomes visible in a root: a
+// received file, link or directory taking its name, a rename, a delete,
+// and the directories a path needs (issue 16, finding 1). Every receive
+// path (single put, batch, streamed file, mkdir, delete, rename, symlink)
+// prepares its change out of sight and then calls install, which
+//
+//  1. re-checks the fence immediately before the change, and holds it:
+//     the node is not (becoming) ACTIVE and the request's epoch is the
+//     highest admitted; a higher epoch is recorded here, by the first
+//     change of a request that passed every check, and waits until the
+//     changes of lower epochs in flight are done (epochStore.gate);
+//  2. tries the change at a free name (linkat, mkdirat, renameat2 with
+//     RENAME_NOREPLACE), the fast path of a new file;
+//  3. if the name is taken, moves whatever is there into quarantine
+//     unless the delivery record proves the receiver put exactly that
+//     there (makeRoom), then makes the change over what is left.
+//
+// The change happens relative to a directory descriptor that was reached
+// from the root without following a symlink (parentOf), never by path.
+// The speed paths (batches, unnamed files, streaming) differ only in how
+// they prepare the content.
+
+// target is where a change lands: the directory that holds it, opened
+// without following symlinks, and its name there.
+type target struct {
+	rel  string   // slash-separated, relative to the root
+	dir  *os.File // rel's parent
+	name string   // path.Base(rel)
+}
+
+// occupant says what install may leave of what is already at the name.
+type occupant uint8
+
+const (
+	// clearAll: nothing may stay but a file the record proves delivered
+	// (which the change then replaces atomically or removes).
+	clearAll occupant = iota
+	// keepDir: a directory stays (mkdir of an existing directory).
+	keepDir
+)
+
+// install makes one change of request q visible at t; see the top of this
+// file. create makes it at a free name and fails with EEXIST when the
+// name is taken (nil: there is no such fast path); replace makes it over
+// whatever makeRoom left.
+func (s *Syncer) install(rt *rootState, q request, t target, occ occupant, create, replace func() error) error {
+	release, err := s.holdFence(q)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if create != nil {
+		err := create()
+		// EINVAL: renameat2 flags not supported by the file system.
+		if err == nil || !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+	}
+	if err := s.makeRoom(rt, t, q.epoch, occ); err != nil {
+		return err
+	}
+	return replace()
+}
+
+// holdFence checks that q may change the tree now and keeps it so until
+// release is called: no higher epoch can be recorded in between. It is
+// the only place a request raises the highest epoch (finding 6), so a
+// request refused for any reason before its first change never moves it.
+func (s *Syncer) holdFence(q request) (release func(), err error) {
+	e := s.epochs
+	for {
+		e.gate.RLock()
+		h := e.get()
+		switch {
+		case q.epoch < h:
+			e.gate.RUnlock()
+			return nil, refuse("stale-epoch", http.StatusConflict, "epoch %d from %s is below %d", q.epoch, q.node, h)
+		case s.fence.Holding():
+			e.gate.RUnlock()
+			return nil, refuse("holding", http.StatusConflict, "this node is or is becoming ACTIVE")
+		case q.epoch == h:
+			return e.gate.RUnlock, nil
+		}
+		e.gate.RUnlock()
+		if _, err := e.admit(q.epoch); err != nil {
+			return nil, err
+		}
+		s.m.highestEpoch.Set(float64(e.get()))
+	}
+}
+
+// parentOf opens the directory that holds rel, one component at a time
+// from the root and never through a symlink. With mk, a missing directory
+// is made through install (and what stands in its way quarantined unless
+// delivered); without, a missing or non-directory component is
+// errNoParent. A symlink on the way is refused either way.
+func (s *Syncer) parentOf(rt *rootState, q request, rel string, mk bool) (*os.File, error) {
+	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd, err := unix.Openat(int(rt.fsFD.Fd()), ".", flags, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "openat", Path: ".", Err: err}
+	}
+	dir := path.Dir(rel)
+	if dir == "." {
+		return os.NewFile(uintptr(fd), "."), nil
+	}
+	cur := os.NewFile(uintptr(fd), ".")
+	done := ""
+	for c := range strings.SplitSeq(dir, "/") {
+		p := path.Join(done, c)
+		next, err := unix.Openat(int(cur.Fd()), c, flags, 0)
+		if err != nil {
+			next, err = s.missingDir(rt, q, cur, p, c, mk)
+		}
+		cur.Close()
+		if err != nil {
+			return nil, err
+		}
+		cur, done = os.NewFile(uintptr(next), p), p
+	}
+	return cur, nil
+}
+
+// errNoParent: a directory of the path is missing (or not a directory)
+// and parentOf was not asked to make it.
+var errNoParent = fmt.Errorf("syncdir: parent directory missing: %w", os.ErrNotExist)
+
+// missingDir handles the component c (at p) of a path that did not open
+// as a directory in d, and returns c's descriptor.
+func (s *Syncer) missingDir(rt *rootState, q request, d *os.File, p, c string, mk bool) (int, error) {
+	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	fd := int(d.Fd())
+	var st unix.Stat_t
+	err := unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW)
+	switch {
+	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		return -1, refuse("symlink-parent", http.StatusBadRequest, "parent %q of %q is a symlink", p, q.path)
+	case err != nil && !errors.Is(err, unix.ENOENT):
+		return -1, &os.PathError{Op: "fstatat", Path: p, Err: err}
+	case !mk:
+		return -1, errNoParent
+	}
+	t := target{rel: p, dir: d, name: c}
+	mkdir := func() error { return unix.Mkdirat(fd, c, 0o755) }
+	err = s.install(rt, q, t, keepDir, mkdir, func() error { return replaceWithDir(t, 0o755) })
+	if err == nil {
+		// The new entry of the parent becomes durable with the file's
+		// own directory sync, or the syncfs, of the change that needed it.
+		s.rememberAt(rt, t)
+		var next int
+		next, err = unix.Openat(fd, c, flags, 0)
+		if err != nil {
+			err = &os.PathError{Op: "openat", Path: p, Err: err}
+		}
+		return next, err
+	}
+	return -1, err
+}
+
+// replaceWithDir makes t a directory: a directory there stays, a file
+// (left by makeRoom because it was delivered) is replaced.
+func replaceWithDir(t target, perm uint32) error {
+	var st unix.Stat_t
+	err := unix.Fstatat(int(t.dir.Fd()), t.name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	switch {
+	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		return nil
+	case err == nil:
+		if err := unix.Unlinkat(int(t.dir.Fd()), t.name, 0); err != nil {
+			return &os.PathError{Op: "unlinkat", Path: t.rel, Err: err}
+		}
+	case !errors.Is(err, unix.ENOENT):
+		return &os.PathError{Op: "fstatat", Path: t.rel, Err: err}
+	}
+	if err := unix.Mkdirat(int(t.dir.Fd()), t.name, perm); err != nil {
+		return &os.PathError{Op: "mkdirat", Path: t.rel, Err: err}
+	}
+	return nil
+}
+
+// renameNoReplace renames without replacing: EEXIST when to is taken.
+func renameNoReplace(fromDir *os.File, from string, toDir *os.File, to string) error {
+	err := unix.Renameat2(int(fromDir.Fd()), from, int(toDir.Fd()), to, unix.RENAME_NOREPLACE)
+	if err != nil {
+		return &os.LinkError{Op: "renameat2", Old: from, New: to, Err: err}
+	}
+	return nil
+}
+
+func renameAt(fromDir *os.File, from string, toDir *os.File, to string) error {
+	if err := unix.Renameat(int(fromDir.Fd()), from, int(toDir.Fd()), to); err != nil {
+		return &os.LinkError{Op: "renameat", Old: from, New: to, Err: err}
+	}
+	return nil
+}
+
+// statAt is fstatat without following a symlink, as an entry.
+func statAt(d *os.File, name string) (entry, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(d.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return entry{}, &os.PathError{Op: "fstatat", Path: name, Err: err}
+	}
+	return entryOfStat(&st), nil
+}
+
+// entryOfStat is entryOf for a raw stat.
+func entryOfStat(st *unix.Stat_t) entry {
+	e := entry{Size: st.Size, Mtime: st.Mtim.Nano(), Mode: st.Mode & 0o7777, Ino: st.Ino, Uid: st.Uid, Gid: st.Gid}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		e.Kind, e.Size, e.Mtime = 'd', 0, 0
+	case unix.S_IFLNK:
+		e.Kind = 'l'
+	default:
+		e.Kind = 'f'
+	}
+	return e
+}
+
+// rememberAt records what is now at t as delivered.
+func (s *Syncer) rememberAt(rt *rootState, t target) {
+	if e, err := statAt(t.dir, t.name); err == nil {
+		rt.rec.set(t.rel, e)
+	}
+}
+
+// syncDirFD makes the entries of the directory d (rel dir) durable, with
+// group commit per directory.
+func syncDirFD(rt *rootState, rel string, d *os.File) error {
+	return groupSync(rt, "dir:"+rel, func() error {
+		if err := d.Sync(); err != nil {
+			return fmt.Errorf("fsync dir: %w", err)
+		}
+		return nil
+	})
+}
