@@ -203,8 +203,8 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 		if body.N != 0 {
 			return items, fmt.Errorf("batch body ended inside %q: %w", fq.path, io.ErrUnexpectedEOF)
 		}
-		if s.afterBatchFile != nil {
-			s.afterBatchFile()
+		if f := s.afterBatchFile.Load(); f != nil {
+			(*f)()
 		}
 	}
 	if _, err := br.ReadByte(); err == nil {

@@ -153,8 +153,8 @@ func decodeFence(r *http.Request, q *request) error {
 	if len(e) != 1 {
 		return refuse("no-epoch", http.StatusBadRequest, "exactly one %s header required", hdrEpoch)
 	}
-	n, err := strconv.ParseInt(e[0], 10, 64)
-	if err != nil || n <= 0 {
+	n, ok := parseEpoch(e[0])
+	if !ok {
 		return refuse("no-epoch", http.StatusBadRequest, "bad %s %q", hdrEpoch, e[0])
 	}
 	q.epoch = n
@@ -164,6 +164,23 @@ func decodeFence(r *http.Request, q *request) error {
 	}
 	q.node = nodes[0]
 	return nil
+}
+
+// parseEpoch accepts only the canonical decimal form of a positive epoch:
+// digits, no sign, no leading zero, no spaces, within int64. Anything
+// else ("+10", "010", "-1", "0") is not an epoch any sender writes, and
+// two spellings of one number must not exist on a fencing header.
+func parseEpoch(s string) (int64, bool) {
+	if s == "" || len(s) > 19 || s[0] == '0' {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
 }
 
 // decodeArgs reads the arguments of one operation from v: the query of a

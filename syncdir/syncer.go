@@ -79,7 +79,7 @@ type Syncer struct {
 	newWatcher func() (watcher, error)
 	// afterBatchFile, when set (tests), runs after each file of a batch
 	// body is read.
-	afterBatchFile func()
+	afterBatchFile atomic.Pointer[func()]
 
 	mu      sync.Mutex
 	runCtx  context.Context

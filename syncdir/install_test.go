@@ -1,0 +1,192 @@
+package syncdir
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// batchFrom sends a batch put whose body is read from r; it reports
+// errors instead of failing, so it can run on its own goroutine.
+func (h *hostileClient) batchFrom(epoch string, n int, r io.Reader) (int, []batchResult, error) {
+	req, err := http.NewRequest("PUT", fmt.Sprintf("https://%s/v1/batch/data?n=%d", h.addr, n), r)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set(hdrEpoch, epoch)
+	req.Header.Set(hdrNode, "a")
+	resp, err := h.c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var br batchResp
+	if resp.StatusCode == 200 {
+		if err := json.NewDecoder(resp.Body).Decode(&br); err != nil {
+			return resp.StatusCode, nil, err
+		}
+	}
+	return resp.StatusCode, br.Results, nil
+}
+
+// Issue 16 finding 1: the fence is re-checked right before anything of a
+// batch becomes visible. Half of a batch body is sent at epoch 10, then
+// the receiving node starts taking the active key (or a request at epoch
+// 11 is accepted), then the rest: no file of the batch may appear, none
+// may replace a file, no directory may be made. The old code answered 200
+// and installed every file.
+func TestFenceFlipMidBatch(t *testing.T) {
+	for _, flip := range []string{"holding", "newer-epoch"} {
+		t.Run(flip, func(t *testing.T) {
+			_, b, p := pair(t)
+			h := newHostileClient(t, p, b.ln.Addr().String())
+			if st := h.do("PUT", "/v1/put/data?path=before.txt&mode=644&mtime=0", "10", "mine"); st != 200 {
+				t.Fatalf("first put: %d", st)
+			}
+			read := make(chan struct{}, 1)
+			hook := func() {
+				select {
+				case read <- struct{}{}:
+				default:
+				}
+			}
+			b.s.afterBatchFile.Store(&hook)
+			files := []batchFile{
+				{path: "first.txt", content: "one", mode: 0o644},
+				{path: "new/dir/second.txt", content: "two", mode: 0o644},
+				{path: "before.txt", content: "overwritten", mode: 0o644},
+			}
+			body := batchBody(files)
+			half := len(batchBody(files[:1]))
+			pr, pw := io.Pipe()
+			type answer struct {
+				status int
+				res    []batchResult
+				err    error
+			}
+			done := make(chan answer, 1)
+			go func() {
+				st, res, err := h.batchFrom("10", len(files), pr)
+				done <- answer{st, res, err}
+			}()
+			if _, err := pw.Write(body[:half]); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-read: // the receiver admitted the batch and read its first file
+			case <-time.After(30 * time.Second):
+				t.Fatal("the receiver never read the first file")
+			}
+			switch flip {
+			case "holding":
+				b.fence.mu.Lock()
+				b.fence.holding = true
+				b.fence.mu.Unlock()
+			case "newer-epoch":
+				if st := h.do("PUT", "/v1/put/data?path=other.txt&mode=644&mtime=0", "11", "newer"); st != 200 {
+					t.Fatalf("put at 11: %d", st)
+				}
+			}
+			pw.Write(body[half:])
+			pw.Close()
+			a := <-done
+			if a.err != nil {
+				t.Fatal(a.err)
+			}
+			if a.status == 200 {
+				for i, r := range a.res {
+					if r.Status != http.StatusConflict {
+						t.Errorf("%s: %+v, want 409", files[i].path, r)
+					}
+				}
+			} else if a.status != http.StatusConflict {
+				t.Errorf("batch: %d, want 409 (per file or for all)", a.status)
+			}
+			for _, p := range []string{"first.txt", "new"} {
+				if _, err := os.Lstat(filepath.Join(b.root, p)); err == nil {
+					t.Errorf("%s became visible after the fence moved", p)
+				}
+			}
+			if got := readFile(filepath.Join(b.root, "before.txt")); got != "mine" {
+				t.Errorf("before.txt: %q, want it untouched", got)
+			}
+			noTempFiles(t, b.root)
+		})
+	}
+}
+
+// Issue 16 finding 6: only a request that passed every check and made a
+// change records its epoch. Refused requests at epoch 1000 (an excluded
+// path, a path through a symlink, a broken manifest, a batch of only
+// refused files) leave the highest epoch at 11, and the sender at 11
+// goes on. The old code recorded 1000 at admission and locked it out.
+func TestEpochMovesOnlyOnSuccess(t *testing.T) {
+	_, b, p := pair(t)
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	if st := h.do("PUT", "/v1/put/data?path=a.txt&mode=644&mtime=0", "11", "a"); st != 200 {
+		t.Fatalf("put at 11: %d", st)
+	}
+	os.Symlink(t.TempDir(), filepath.Join(b.root, "link"))
+	for _, c := range []struct {
+		name, method, url, body string
+		status                  int
+	}{
+		{"excluded", "PUT", "/v1/put/data?path=x.tmp&mode=644&mtime=0", "x", 400},
+		{"excluded mkdir", "POST", "/v1/mkdir/data?path=cache&mode=755", "", 400},
+		{"symlink parent", "PUT", "/v1/put/data?path=link/x&mode=644&mtime=0", "x", 400},
+		{"bad manifest", "POST", "/v1/manifest/data", "{not json", 400},
+	} {
+		if st := h.do(c.method, c.url, "1000", c.body); st != c.status {
+			t.Errorf("%s: %d, want %d", c.name, st, c.status)
+		}
+	}
+	body := batchBody([]batchFile{{path: "y.swp", content: "y", mode: 0o644}})
+	if st, res := h.batch("1000", 1, body); st != 200 || len(res) != 1 || res[0].Status != 400 {
+		t.Errorf("excluded batch: %d %+v", st, res)
+	}
+	if got := b.s.Status().HighestEpoch; got != 11 {
+		t.Fatalf("highest epoch %d after refused requests, want 11", got)
+	}
+	if st := h.do("PUT", "/v1/put/data?path=b.txt&mode=644&mtime=0", "11", "b"); st != 200 {
+		t.Fatalf("put at 11 after refused requests at 1000: %d", st)
+	}
+	if st := h.do("PUT", "/v1/put/data?path=c.txt&mode=644&mtime=0", "12", "c"); st != 200 {
+		t.Fatalf("put at 12: %d", st)
+	}
+	if got := b.s.Status().HighestEpoch; got != 12 {
+		t.Fatalf("highest epoch %d after a put at 12, want 12", got)
+	}
+}
+
+// Issue 16 finding 6: epochs are parsed strictly, one spelling per number.
+func TestEpochHeaderStrict(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int64 // 0: refused
+	}{
+		{"10", 10}, {"1", 1}, {"9223372036854775807", 9223372036854775807},
+		{"+10", 0}, {"010", 0}, {"-1", 0}, {"0", 0}, {"", 0}, {" 10", 0}, {"10 ", 0},
+		{"1_0", 0}, {"0x10", 0}, {"1e3", 0}, {"9223372036854775808", 0}, {"٣", 0},
+	} {
+		r := httptest.NewRequest("POST", "/v1/delete/data?path=x", nil)
+		r.Header.Set(hdrEpoch, c.in)
+		r.Header.Set(hdrNode, "a")
+		var q request
+		err := decodeFence(r, &q)
+		if c.want == 0 {
+			if err == nil {
+				t.Errorf("%q: accepted as %d", c.in, q.epoch)
+			}
+			continue
+		}
+		if err != nil || q.epoch != c.want {
+			t.Errorf("%q: %d %v, want %d", c.in, q.epoch, err, c.want)
+		}
+	}
+}
