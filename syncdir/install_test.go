@@ -190,3 +190,100 @@ func TestEpochHeaderStrict(t *testing.T) {
 		}
 	}
 }
+
+// Issue 16 finding 2: excluded files (*.tmp, *.swp, cache/, logs/) inside
+// a never-received directory are this node's own data: when the directory
+// is deleted, renamed over or replaced by a file, they go to quarantine
+// with the rest. The old code quarantined only a and deleted the others.
+func TestExcludedFilesQuarantined(t *testing.T) {
+	local := map[string]string{"a": "a", "x.tmp": "x", "b.swp": "b", "cache/c": "c", "logs/l": "l"}
+	for _, c := range []struct {
+		name string
+		push func(h *hostileClient) int
+	}{
+		{"delete", func(h *hostileClient) int { return h.do("POST", "/v1/delete/data?path=d", "5", "") }},
+		{"rename onto", func(h *hostileClient) int {
+			if st := h.do("PUT", "/v1/put/data?path=src.txt&mode=644&mtime=0", "5", "new"); st != 200 {
+				return st
+			}
+			return h.do("POST", "/v1/rename/data?path=src.txt&to=d", "5", "")
+		}},
+		{"file replaces", func(h *hostileClient) int {
+			return h.do("PUT", "/v1/put/data?path=d&mode=644&mtime=0", "5", "new")
+		}},
+		{"batch file replaces", func(h *hostileClient) int {
+			st, res := h.batch("5", 1, batchBody([]batchFile{{path: "d", content: "new", mode: 0o644}}))
+			if st == 200 && len(res) == 1 {
+				st = res[0].Status
+			}
+			return st
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, b, p := pair(t)
+			for f, content := range local {
+				writeFile(t, filepath.Join(b.root, "d", f), content, 0o644)
+			}
+			if st := c.push(newHostileClient(t, p, b.ln.Addr().String())); st != 200 {
+				t.Fatalf("push: %d", st)
+			}
+			q := filepath.Join(b.root, quarantineDir, "5", "d")
+			for f, content := range local {
+				if got := readFile(filepath.Join(q, f)); got != content {
+					t.Errorf("%s in quarantine: %q, want %q", f, got, content)
+				}
+			}
+		})
+	}
+}
+
+// Issue 16 finding 4: temp files a killed receiver left are removed at
+// start and counted; a quarantined file is not touched.
+func TestStaleTempsRemovedAtStart(t *testing.T) {
+	p := newPKI(t)
+	dir := t.TempDir()
+	root := filepath.Join(dir, "root")
+	left := []string{tempPrefix + "0123456789abcdef", "sub/deeper/" + tempPrefix + "fedcba9876543210"}
+	for _, f := range left {
+		writeFile(t, filepath.Join(root, f), "half a file", 0o600)
+	}
+	kept := filepath.Join(root, quarantineDir, "3", tempPrefix+"0000000000000000")
+	writeFile(t, kept, "quarantined", 0o600)
+	b := startNode(t, "b", testConfig(p, "b", root, filepath.Join(dir, "state"), "127.0.0.1:1"), listen(t), &fakeFence{})
+	eventually(t, 10*time.Second, "the temp files to be removed", func() bool {
+		for _, f := range left {
+			if _, err := os.Lstat(filepath.Join(root, f)); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+	eventually(t, 10*time.Second, "the removal to be counted", func() bool {
+		return counterValue(b.s.m.staleTemps) == float64(len(left))
+	})
+	if readFile(kept) != "quarantined" {
+		t.Fatal("a file in the quarantine was removed")
+	}
+}
+
+// Issue 16 finding 4: a batch refused as a whole (413, or a body cut
+// short) leaves nothing behind, not even the directory its first file
+// needed. The old code left the empty directory.
+func TestRefusedBatchLeavesNoDirectory(t *testing.T) {
+	_, b, p := pair(t)
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	first := batchBody([]batchFile{{path: "new/dir/first.txt", content: "one", mode: 0o644}})
+	cut := append(append([]byte{}, first...), "path=second&mode=644&mtime=0&size=10\nabc"...)
+	if st, _ := h.batch("5", 2, cut); st == 200 {
+		t.Fatalf("cut batch: %d", st)
+	}
+	big := batchBody([]batchFile{{path: "new/dir/first.txt", content: "one", mode: 0o644},
+		{path: "new/dir/big", content: string(make([]byte, batchMaxBody)), mode: 0o644}})
+	if st, _ := h.batch("5", 2, big); st != http.StatusRequestEntityTooLarge {
+		t.Fatalf("oversized batch: %d, want 413", st)
+	}
+	if _, err := os.Lstat(filepath.Join(b.root, "new")); err == nil {
+		t.Fatal("a refused batch left a directory")
+	}
+	noTempFiles(t, b.root)
+}
