@@ -357,12 +357,15 @@ func (s *Syncer) commitBatch(rt *rootState, items []batchItem, ds *dirSet) {
 			continue
 		}
 		dirs[it.dir] = append(dirs[it.dir], it)
+		rt.rec.set(it.q.path, it.ent) // installed: same inode, size and times
 	}
-	syncBatchDirs(rt, dirs)
+	err := durable(rt, func() error { syncBatchDirs(rt, dirs); return nil })
 	for _, its := range dirs {
 		for _, it := range its {
 			if it.err == nil {
-				rt.rec.set(it.q.path, it.ent) // renamed: same inode, size and times
+				it.err = err
+			}
+			if it.err == nil {
 				s.countReceived(it.q.size)
 			}
 		}

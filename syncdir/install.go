@@ -237,6 +237,20 @@ func (s *Syncer) rememberAt(rt *rootState, t target) {
 	}
 }
 
+// durable runs syncChange (the fsyncs that make a change durable) and the
+// record's commit side by side, and returns once both are done: a success
+// is answered only with the change and its delivery record on disk
+// (finding 5), the two fsyncs overlapping.
+func durable(rt *rootState, syncChange func() error) error {
+	jerr := make(chan error, 1)
+	go func() { jerr <- rt.rec.commit() }()
+	err := syncChange()
+	if e := <-jerr; err == nil {
+		err = e
+	}
+	return err
+}
+
 // syncDirFD makes the entries of the directory d (rel dir) durable, with
 // group commit per directory.
 func syncDirFD(rt *rootState, rel string, d *os.File) error {

@@ -149,6 +149,9 @@ func (s *Syncer) recvManifest(w http.ResponseWriter, r *http.Request, rt *rootSt
 		rt.rec.set(p, local[p].ent) // both sides agree: this copy is confirmed
 	}
 	release()
+	if err := rt.rec.commit(); err != nil {
+		return err
+	}
 	for p := range local {
 		if sent[p] {
 			continue

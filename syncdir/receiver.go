@@ -221,11 +221,8 @@ func (s *Syncer) place(rt *rootState, q request, tmpDir *os.File, dirRel, tmp st
 	if err != nil {
 		return err
 	}
-	if err := syncDirFD(rt, path.Dir(q.path), dir); err != nil {
-		return err
-	}
 	s.rememberAt(rt, t)
-	return nil
+	return durable(rt, func() error { return syncDirFD(rt, path.Dir(q.path), dir) })
 }
 
 // writeBody copies the body (exactly q.size bytes, or for a stream all of
@@ -638,10 +635,10 @@ func (s *Syncer) recvMkdir(rt *rootState, q request) error {
 	if err != nil {
 		return err
 	}
-	if err := syncDirFD(rt, path.Dir(q.path), dir); err != nil {
+	s.rememberAt(rt, t)
+	if err := durable(rt, func() error { return syncDirFD(rt, path.Dir(q.path), dir) }); err != nil {
 		return err
 	}
-	s.rememberAt(rt, t)
 	s.countReceived(0)
 	return nil
 }
@@ -669,7 +666,7 @@ func (s *Syncer) recvDelete(rt *rootState, q request) error {
 	if err != nil {
 		return err
 	}
-	if err := syncDirFD(rt, path.Dir(q.path), dir); err != nil {
+	if err := durable(rt, func() error { return syncDirFD(rt, path.Dir(q.path), dir) }); err != nil {
 		return err
 	}
 	s.countReceived(0)
@@ -709,13 +706,17 @@ func (s *Syncer) recvRename(rt *rootState, q request) error {
 		return err
 	}
 	rt.rec.renameTree(q.path, q.to)
-	if err := syncDirFD(rt, path.Dir(q.to), to); err != nil {
-		return err
-	}
-	if path.Dir(q.to) != path.Dir(q.path) {
-		if err := syncDirFD(rt, path.Dir(q.path), from); err != nil {
+	err = durable(rt, func() error {
+		if err := syncDirFD(rt, path.Dir(q.to), to); err != nil {
 			return err
 		}
+		if path.Dir(q.to) != path.Dir(q.path) {
+			return syncDirFD(rt, path.Dir(q.path), from)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	s.countReceived(0)
 	return nil

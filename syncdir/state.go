@@ -143,28 +143,38 @@ func (e entry) sameContent(o entry) bool {
 	return e.Kind == o.Kind && e.Size == o.Size && e.Mtime == o.Mtime
 }
 
-// record is the per-root map of agreed paths. It is flushed lazily: losing
-// the tail of it on a crash only makes the receiver quarantine more, never less.
+// record is the per-root map of agreed paths. Every change is also put in
+// a journal (journal.go), which the receiver makes durable before it
+// answers (commit), so a crash never forgets a delivery (issue 16,
+// finding 5); the whole map is rewritten every few seconds (flush), which
+// starts a new journal and drops the old one.
 type record struct {
 	fmu   sync.Mutex // serialises flushes
 	mu    sync.Mutex
 	file  string
 	m     map[string]entry
 	dirty bool
+	j     journal
 }
 
 func openRecord(dir, root string) (*record, error) {
 	r := &record{file: filepath.Join(dir, "record-"+root), m: map[string]entry{}}
+	r.j.dir, r.j.prefix = dir, "journal-"+root+"."
 	b, err := os.ReadFile(r.file)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return r, nil
 	case err != nil:
 		return nil, fmt.Errorf("syncdir: read record: %w", err)
+	default:
+		if m, err := decodeRecord(b); err == nil {
+			r.m = m
+		} // else: a corrupt record only costs extra quarantine; do not refuse to start
 	}
-	if m, err := decodeRecord(b); err == nil {
-		r.m = m
-	} // else: a corrupt record only costs extra quarantine; do not refuse to start
+	replayed, err := r.j.replay(r.m)
+	if err != nil {
+		return nil, err
+	}
+	r.dirty = replayed // the next flush folds the journals into the record
 	return r, nil
 }
 
@@ -173,19 +183,23 @@ func openRecord(dir, root string) (*record, error) {
 func encodeRecord(m map[string]entry) []byte {
 	b := make([]byte, 0, len(m)*64)
 	for p, e := range m {
-		b = append(b, e.Kind, ' ')
-		b = strconv.AppendInt(b, e.Size, 10)
-		b = append(b, ' ')
-		b = strconv.AppendInt(b, e.Mtime, 10)
-		b = append(b, ' ')
-		b = strconv.AppendUint(b, uint64(e.Mode), 8)
-		b = append(b, ' ')
-		b = strconv.AppendUint(b, e.Ino, 10)
-		b = append(b, ' ')
-		b = strconv.AppendQuote(b, p)
-		b = append(b, '\n')
+		b = appendRecordLine(b, p, e)
 	}
 	return b
+}
+
+func appendRecordLine(b []byte, p string, e entry) []byte {
+	b = append(b, e.Kind, ' ')
+	b = strconv.AppendInt(b, e.Size, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, e.Mtime, 10)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, uint64(e.Mode), 8)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, e.Ino, 10)
+	b = append(b, ' ')
+	b = strconv.AppendQuote(b, p)
+	return append(b, '\n')
 }
 
 func decodeRecord(b []byte) (map[string]entry, error) {
@@ -226,6 +240,7 @@ func (r *record) set(p string, e entry) {
 	r.mu.Lock()
 	r.m[p] = e
 	r.dirty = true
+	r.j.logSet(p, e)
 	r.mu.Unlock()
 }
 
@@ -233,58 +248,93 @@ func (r *record) set(p string, e entry) {
 func (r *record) removeTree(p string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.m, p)
+	r.j.logRemove(p)
+	removeTree(r.m, p)
+	r.dirty = true
+}
+
+func removeTree(m map[string]entry, p string) {
+	delete(m, p)
 	pre := p + "/"
-	for k := range r.m {
+	for k := range m {
 		if strings.HasPrefix(k, pre) {
-			delete(r.m, k)
+			delete(m, k)
 		}
 	}
-	r.dirty = true
 }
 
 // renameTree moves the entries of from (and below) to to.
 func (r *record) renameTree(from, to string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	pre := from + "/"
-	moved := map[string]entry{}
-	for k, e := range r.m {
-		if k == from {
-			moved[to] = e
-			delete(r.m, k)
-		} else if rest, ok := strings.CutPrefix(k, pre); ok {
-			moved[to+"/"+rest] = e
-			delete(r.m, k)
-		}
-	}
-	for k := range r.m {
-		if k == to || strings.HasPrefix(k, to+"/") {
-			delete(r.m, k)
-		}
-	}
-	for k, e := range moved {
-		r.m[k] = e
-	}
+	r.j.logRename(from, to)
+	renameTree(r.m, from, to)
 	r.dirty = true
 }
 
+func renameTree(m map[string]entry, from, to string) {
+	pre := from + "/"
+	moved := map[string]entry{}
+	for k, e := range m {
+		if k == from {
+			moved[to] = e
+			delete(m, k)
+		} else if rest, ok := strings.CutPrefix(k, pre); ok {
+			moved[to+"/"+rest] = e
+			delete(m, k)
+		}
+	}
+	for k := range m {
+		if k == to || strings.HasPrefix(k, to+"/") {
+			delete(m, k)
+		}
+	}
+	for k, e := range moved {
+		m[k] = e
+	}
+}
+
+// flush rewrites the whole record and drops the journals it now holds.
+// Changes made meanwhile go to a new journal: replaying a journal over a
+// record that already holds it changes nothing, so a crash at any point
+// loses nothing.
 func (r *record) flush() error {
 	r.fmu.Lock()
 	defer r.fmu.Unlock()
+	r.j.wmu.Lock()
 	r.mu.Lock()
 	if !r.dirty {
 		r.mu.Unlock()
-		return nil
+		r.j.wmu.Unlock()
+		return r.commit() // the sender's changes, which it does not commit itself
 	}
 	b := encodeRecord(r.m)
 	r.dirty = false
+	upTo := r.j.rotate()
 	r.mu.Unlock()
+	r.j.wmu.Unlock()
 	if err := writeFileSync(r.file, b); err != nil {
 		r.mu.Lock()
 		r.dirty = true
 		r.mu.Unlock()
 		return fmt.Errorf("syncdir: write record: %w", err)
+	}
+	r.j.drop(upTo)
+	return r.commit()
+}
+
+// commit makes every change recorded so far durable (journal.go).
+func (r *record) commit() error {
+	r.j.wmu.Lock()
+	defer r.j.wmu.Unlock()
+	r.mu.Lock()
+	b := r.j.take()
+	r.mu.Unlock()
+	if err := r.j.write(b); err != nil {
+		r.mu.Lock()
+		r.j.putBack(b)
+		r.mu.Unlock()
+		return fmt.Errorf("syncdir: write record journal: %w", err)
 	}
 	return nil
 }
