@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,15 +23,17 @@ import (
 // Lines are gathered in memory as the record changes (under record.mu)
 // and written and fdatasync'ed by commit, which the receiver calls before
 // it answers; callers that find their lines already written by another
-// commit share its fdatasync. A torn last line (a crash mid-write) ends
+// commit share its fdatasync. A rewrite of the record (flush) drops the
+// lines not written yet: the record file holds them, and commit waits for
+// it (record.fmu). The sender never commits: its lines wait for the flush. A torn last line (a crash mid-write) ends
 // the replay: what it held was never answered.
 type journal struct {
 	dir, prefix string
 
-	wmu     sync.Mutex // serialises writes and rotation; taken before record.mu
-	gen     uint64     // generation written to now
-	f       *os.File   // its file, opened on the first write
-	pending []byte     // lines not written yet; guarded by record.mu
+	// All but pending are guarded by record.fmu.
+	gen     uint64   // generation written to now
+	f       *os.File // its file, opened on the first write
+	pending []byte   // lines not written yet; guarded by record.mu
 }
 
 func (j *journal) logSet(p string, e entry) {
@@ -64,7 +65,7 @@ func (j *journal) take() []byte {
 
 func (j *journal) putBack(b []byte) { j.pending = append(b, j.pending...) }
 
-// write appends b to the current generation and makes it durable; under wmu.
+// write appends b to the current generation and makes it durable.
 func (j *journal) write(b []byte) error {
 	if len(b) == 0 {
 		return nil
@@ -86,9 +87,11 @@ func (j *journal) write(b []byte) error {
 	return unix.Fdatasync(int(j.f.Fd()))
 }
 
-// rotate starts a new generation and returns the last one the caller's
-// snapshot of the record holds; under wmu and record.mu.
+// rotate starts a new generation, drops the pending lines and returns the
+// last generation the caller's snapshot of the record holds; under
+// record.fmu and record.mu.
 func (j *journal) rotate() uint64 {
+	j.pending = nil
 	if j.f != nil {
 		j.f.Close()
 		j.f = nil

@@ -875,8 +875,6 @@ func (sd *sender) reconcileRoot(ctx context.Context, i int, rt *rootState) error
 			agreed[p] = sc.ent
 		}
 	}
-	rt.rec.mu.Lock()
-	rt.rec.m, rt.rec.dirty = agreed, true
-	rt.rec.mu.Unlock()
+	rt.rec.replace(agreed)
 	return nil
 }

@@ -149,7 +149,7 @@ func (e entry) sameContent(o entry) bool {
 // finding 5); the whole map is rewritten every few seconds (flush), which
 // starts a new journal and drops the old one.
 type record struct {
-	fmu   sync.Mutex // serialises flushes
+	fmu   sync.Mutex // serialises flushes and commits; taken before mu
 	mu    sync.Mutex
 	file  string
 	m     map[string]entry
@@ -301,18 +301,15 @@ func renameTree(m map[string]entry, from, to string) {
 func (r *record) flush() error {
 	r.fmu.Lock()
 	defer r.fmu.Unlock()
-	r.j.wmu.Lock()
 	r.mu.Lock()
 	if !r.dirty {
 		r.mu.Unlock()
-		r.j.wmu.Unlock()
-		return r.commit() // the sender's changes, which it does not commit itself
+		return nil
 	}
 	b := encodeRecord(r.m)
 	r.dirty = false
-	upTo := r.j.rotate()
+	upTo := r.j.rotate() // the lines not written yet are in b
 	r.mu.Unlock()
-	r.j.wmu.Unlock()
 	if err := writeFileSync(r.file, b); err != nil {
 		r.mu.Lock()
 		r.dirty = true
@@ -320,13 +317,23 @@ func (r *record) flush() error {
 		return fmt.Errorf("syncdir: write record: %w", err)
 	}
 	r.j.drop(upTo)
-	return r.commit()
+	return nil
 }
 
-// commit makes every change recorded so far durable (journal.go).
+// replace puts m in place of the whole record (the sender, after a
+// reconcile); it is on disk with the next flush.
+func (r *record) replace(m map[string]entry) {
+	r.mu.Lock()
+	r.m, r.dirty = m, true
+	r.j.pending = nil // the old map's changes must not be replayed over m
+	r.mu.Unlock()
+}
+
+// commit makes every change recorded so far durable (journal.go); a
+// commit waiting for a flush finds its changes in the rewritten record.
 func (r *record) commit() error {
-	r.j.wmu.Lock()
-	defer r.j.wmu.Unlock()
+	r.fmu.Lock()
+	defer r.fmu.Unlock()
 	r.mu.Lock()
 	b := r.j.take()
 	r.mu.Unlock()
