@@ -56,6 +56,14 @@ type Config struct {
 	// user, group and others as sent). Setuid, setgid and sticky bits are
 	// never applied, whatever the mask.
 	ModeMask uint32 `yaml:"mode-mask"`
+	// ManifestMaxEntries is the most entries the receiver takes in one
+	// manifest (a full compare lists every path of the root; default
+	// 8,000,000). A bigger one is refused with 413 once the limit is read.
+	ManifestMaxEntries int `yaml:"manifest-max-entries"`
+	// ManifestMaxBytes is the largest manifest body the receiver reads, in
+	// bytes (default 268435456, 256 MiB). Manifests are decoded one entry
+	// at a time, so the receiver holds the paths it needs, not the body.
+	ManifestMaxBytes int64 `yaml:"manifest-max-bytes"`
 	// RetryMin and RetryMax bound the backoff after a failed request.
 	RetryMin time.Duration `yaml:"retry-min"`
 	RetryMax time.Duration `yaml:"retry-max"`
@@ -82,15 +90,17 @@ var DefaultExcludes = []string{"*.tmp", "*.swp", "cache/", "tmp/", "logs/"}
 // DefaultConfig returns the defaults; roots and peer must be filled in.
 func DefaultConfig() Config {
 	return Config{
-		Listen:            ":7402",
-		StateDir:          "/var/lib/hapair/sync",
-		Debounce:          2 * time.Millisecond,
-		ReconcileInterval: 10 * time.Minute,
-		Concurrency:       32,
-		SyncfsMinFiles:    16,
-		ModeMask:          0o777,
-		RetryMin:          200 * time.Millisecond,
-		RetryMax:          10 * time.Second,
+		Listen:             ":7402",
+		StateDir:           "/var/lib/hapair/sync",
+		Debounce:           2 * time.Millisecond,
+		ReconcileInterval:  10 * time.Minute,
+		Concurrency:        32,
+		SyncfsMinFiles:     16,
+		ModeMask:           0o777,
+		ManifestMaxEntries: 8_000_000,
+		ManifestMaxBytes:   256 << 20,
+		RetryMin:           200 * time.Millisecond,
+		RetryMax:           10 * time.Second,
 	}
 }
 
@@ -168,6 +178,12 @@ func (c *Config) validateTimings() error {
 	}
 	if c.ModeMask > 0o777 {
 		return config.Errorf(field("mode-mask"), fmt.Sprintf("%#o", c.ModeMask), "must be permission bits only (at most 0777)")
+	}
+	if c.ManifestMaxEntries < 1 {
+		return config.Errorf(field("manifest-max-entries"), c.ManifestMaxEntries, "must be at least 1")
+	}
+	if c.ManifestMaxBytes < 1<<10 {
+		return config.Errorf(field("manifest-max-bytes"), c.ManifestMaxBytes, "must be at least 1024 (bytes)")
 	}
 	if c.RetryMin <= 0 {
 		return config.Errorf(field("retry-min"), c.RetryMin, "must be positive")

@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -387,5 +389,105 @@ func TestRecordJournalReplay(t *testing.T) {
 	last, _ := openRecord(dir, "data")
 	if fmt.Sprint(last.m) != fmt.Sprint(want) {
 		t.Fatalf("after the rewrite: %v, want %v", last.m, want)
+	}
+}
+
+// manifestGen is a manifest body of n file entries made on the fly, so
+// the test itself allocates next to nothing for it.
+type manifestGen struct {
+	n, i int
+	buf  []byte
+	done bool
+}
+
+func (g *manifestGen) Read(p []byte) (int, error) {
+	for len(g.buf) < len(p) && !g.done {
+		switch {
+		case g.i == 0 && g.buf == nil:
+			g.buf = append(g.buf, `{"entries":[`...)
+		case g.i < g.n:
+			if g.i > 0 {
+				g.buf = append(g.buf, ',')
+			}
+			g.buf = fmt.Appendf(g.buf, `{"p":"dir/file-%09d","k":"f","s":1,"m":1,"o":420}`, g.i)
+			g.i++
+		default:
+			g.buf = append(g.buf, "]}"...)
+			g.done = true
+		}
+	}
+	n := copy(p, g.buf)
+	g.buf = g.buf[n:]
+	if n == 0 && g.done {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// Issue 16 finding 7: a manifest is read one entry at a time within
+// manifest-max-entries and manifest-max-bytes; one over either is refused
+// with 413 as soon as the limit is read, and the receiver does not hold
+// the body meanwhile (the old code decoded it whole first: 812 MB for a
+// refused 257 MiB manifest).
+func TestManifestBounded(t *testing.T) {
+	_, b, p := pair(t, func(c *Config) { c.ManifestMaxEntries, c.ManifestMaxBytes = 1000, 1<<30 })
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	send := func(r io.Reader) int {
+		req, err := http.NewRequest("POST", "https://"+h.addr+"/v1/manifest/data", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set(hdrEpoch, "5")
+		req.Header.Set(hdrNode, "a")
+		resp, err := h.c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := send(&manifestGen{n: 1000}); st != 200 {
+		t.Fatalf("1000 entries: %d", st)
+	}
+	if st := send(&manifestGen{n: 1001}); st != http.StatusRequestEntityTooLarge {
+		t.Fatalf("1001 entries: %d, want 413", st)
+	}
+	// 2,000,000 entries (about 100 MiB) refused after the first 1,000:
+	// the receiver's allocations stay far below the body's size.
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if st := send(&manifestGen{n: 2_000_000}); st != http.StatusRequestEntityTooLarge {
+		t.Fatalf("2M entries: %d, want 413", st)
+	}
+	runtime.ReadMemStats(&after)
+	if got := after.TotalAlloc - before.TotalAlloc; got > 32<<20 {
+		t.Errorf("refusing a 100 MiB manifest allocated %d MiB", got>>20)
+	}
+	t.Logf("refusing a 100 MiB manifest allocated %d KiB in all", (after.TotalAlloc-before.TotalAlloc)>>10)
+	if st := send(strings.NewReader(`{"entries":[{"p":"../x","k":"f"}]}`)); st != http.StatusBadRequest {
+		t.Fatalf("a bad path in a manifest: %d, want 400", st)
+	}
+	if got := b.s.Status().HighestEpoch; got != 5 {
+		t.Fatalf("highest epoch %d", got)
+	}
+}
+
+// The bytes bound alone (manifest-max-bytes).
+func TestManifestBoundedBytes(t *testing.T) {
+	_, b, p := pair(t, func(c *Config) { c.ManifestMaxBytes = 64 << 10 })
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	req, err := http.NewRequest("POST", "https://"+h.addr+"/v1/manifest/data", &manifestGen{n: 2000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(hdrEpoch, "5")
+	req.Header.Set(hdrNode, "a")
+	resp, err := h.c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("a manifest over manifest-max-bytes: %d, want 413", resp.StatusCode)
 	}
 }
