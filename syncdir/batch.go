@@ -357,7 +357,10 @@ func (s *Syncer) commitBatch(rt *rootState, items []batchItem, ds *dirSet) {
 			continue
 		}
 		dirs[it.dir] = append(dirs[it.dir], it)
-		rt.rec.set(it.q.path, it.ent) // installed: same inode, size and times
+		// Stat again: linking or renaming changed the inode's ctime.
+		if e, err := statAt(it.dir, path.Base(it.q.path)); err == nil {
+			rt.rec.set(it.q.path, e)
+		}
 	}
 	err := durable(rt, func() error { syncBatchDirs(rt, dirs); return nil })
 	for _, its := range dirs {
@@ -392,6 +395,12 @@ func (s *Syncer) installBatchFile(rt *rootState, it *batchItem, ds *dirSet) erro
 	name := path.Base(it.q.path)
 	t := target{rel: it.q.path, dir: it.dir, name: name}
 	var create, replace func() error
+	t.incoming = func() (*os.File, error) {
+		if it.anon {
+			return os.Open("/proc/self/fd/" + strconv.Itoa(int(it.f.Fd())))
+		}
+		return openIn(it.tmpDir, it.tmp)
+	}
 	if it.anon {
 		create = func() error { return linkIn(it.dir, it.f, name) }
 		replace = func() error {

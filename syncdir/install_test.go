@@ -491,3 +491,76 @@ func TestManifestBoundedBytes(t *testing.T) {
 		t.Fatalf("a manifest over manifest-max-bytes: %d, want 413", resp.StatusCode)
 	}
 }
+
+// Issue 16 finding 3: delivery is proven by the very inode the receiver
+// installed, unchanged since (its ctime), not by size and mtime. A local
+// rewrite that keeps both (cp -p, touch -r) is quarantined before a push
+// replaces it; a manifest naming a local file's size, mtime and mode no
+// longer marks it delivered; and a local file with the very bytes pushed
+// is replaced without a (false) quarantine.
+func TestDeliveryProvenByIdentity(t *testing.T) {
+	_, b, p := pair(t)
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	put := func(rel, content string, mtime int64) {
+		t.Helper()
+		if st := h.do("PUT", fmt.Sprintf("/v1/put/data?path=%s&mode=644&mtime=%d", rel, mtime), "5", content); st != 200 {
+			t.Fatalf("put %s: %d", rel, st)
+		}
+	}
+	const mt = 1_600_000_000_000_000_000
+	q := filepath.Join(b.root, quarantineDir, "5")
+
+	// Delivered, then rewritten here with the same size and mtime.
+	put("kept.txt", "delivered", mt)
+	f := filepath.Join(b.root, "kept.txt")
+	if err := os.WriteFile(f, []byte("LOCALEDIT"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chtimes(f, time.Unix(0, mt), time.Unix(0, mt))
+	put("kept.txt", "the newer", mt+1)
+	if got := readFile(filepath.Join(q, "kept.txt")); got != "LOCALEDIT" {
+		t.Errorf("a local rewrite keeping size and mtime: quarantine holds %q", got)
+	}
+
+	// Never delivered; a manifest names its size, mtime and mode.
+	m := filepath.Join(b.root, "local.txt")
+	writeFile(t, m, "LOCAL!", 0o644)
+	os.Chtimes(m, time.Unix(0, mt), time.Unix(0, mt))
+	body := fmt.Sprintf(`{"entries":[{"p":"local.txt","k":"f","s":6,"m":%d,"o":420}]}`, int64(mt))
+	if st := h.do("POST", "/v1/manifest/data", "5", body); st != 200 {
+		t.Fatalf("manifest: %d", st)
+	}
+	put("local.txt", "theirs", mt)
+	if got := readFile(filepath.Join(q, "local.txt")); got != "LOCAL!" {
+		t.Errorf("a file a manifest named: quarantine holds %q", got)
+	}
+
+	// Never delivered, but the very bytes that are pushed: nothing to keep.
+	writeFile(t, filepath.Join(b.root, "same.txt"), "same bytes", 0o644)
+	put("same.txt", "same bytes", mt)
+	if _, err := os.Lstat(filepath.Join(q, "same.txt")); err == nil {
+		t.Error("a local file with the pushed bytes was quarantined")
+	}
+	if got := readFile(filepath.Join(b.root, "same.txt")); got != "same bytes" {
+		t.Errorf("same.txt: %q", got)
+	}
+}
+
+// A record line written before ctime was kept still reads, with ctime 0
+// (proof by size and mtime, as then).
+func TestRecordLegacyLine(t *testing.T) {
+	m, err := decodeRecord([]byte("f 12 34 644 56 \"a b  c\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := m["a b  c"]; e != (entry{Kind: 'f', Size: 12, Mtime: 34, Mode: 0o644, Ino: 56}) {
+		t.Fatalf("got %+v", m)
+	}
+	if !m["a b  c"].proves(entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 99, Ctime: 7}) {
+		t.Fatal("a legacy entry does not prove by size and mtime")
+	}
+	e := entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 56, Ctime: 78}
+	if e.proves(entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 56, Ctime: 79}) || e.proves(entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 57, Ctime: 78}) {
+		t.Fatal("a changed inode or ctime still proves delivery")
+	}
+}

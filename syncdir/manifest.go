@@ -136,7 +136,12 @@ func (s *Syncer) recvManifest(w http.ResponseWriter, r *http.Request, rt *rootSt
 		if ok {
 			sent[p] = true
 		}
-		if ok && l.m.equal(s.asApplied(e), s.wantOwner(e.U, e.G)) {
+		// Equal attributes confirm a directory or a link (its target is
+		// its content), but a file only if the record already proves it:
+		// size and mtime are no proof of content (finding 3). An unproven
+		// file is asked for again; install replaces it without quarantine
+		// if it has the same bytes.
+		if ok && l.m.equal(s.asApplied(e), s.wantOwner(e.U, e.G)) && (l.ent.Kind != 'f' || s.confirmed(rt, p, l.ent)) {
 			agreed = append(agreed, p)
 			return nil
 		}

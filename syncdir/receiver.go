@@ -215,6 +215,9 @@ func (s *Syncer) place(rt *rootState, q request, tmpDir *os.File, dirRel, tmp st
 		defer dir.Close()
 	}
 	t := target{rel: q.path, dir: dir, name: path.Base(q.path)}
+	if q.op == opPut {
+		t.incoming = func() (*os.File, error) { return openIn(tmpDir, tmp) }
+	}
 	err := s.install(rt, q, t, clearAll,
 		func() error { return renameNoReplace(tmpDir, tmp, dir, t.name) },
 		func() error { return renameAt(tmpDir, tmp, dir, t.name) })
@@ -497,7 +500,7 @@ func (s *Syncer) makeRoom(rt *rootState, t target, epoch int64, occ occupant) er
 		}
 		return s.clearTree(rt, t.rel, epoch)
 	}
-	if s.confirmed(rt, t.rel, e) {
+	if s.confirmed(rt, t.rel, e) || e.Kind == 'f' && sameBytes(t) {
 		return nil
 	}
 	return s.quarantine(rt, t.rel, epoch)
@@ -505,7 +508,7 @@ func (s *Syncer) makeRoom(rt *rootState, t target, epoch int64, occ occupant) er
 
 func (s *Syncer) confirmed(rt *rootState, rel string, local entry) bool {
 	e, ok := rt.rec.get(rel)
-	return ok && e.sameContent(local)
+	return ok && e.proves(local)
 }
 
 // clearTree removes the directory rel after quarantining every file in it

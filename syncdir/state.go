@@ -113,6 +113,12 @@ type entry struct {
 	Mtime int64
 	Mode  uint32
 	Ino   uint64
+	// Ctime is the inode's change time (ns) as this node last saw it. No
+	// writer can set it back (cp -p and touch -r restore mtime only), so
+	// with Ino it tells the very file the receiver installed from any
+	// later local change, whatever its size and mtime (finding 3). 0 for
+	// directories, and in records written before it was kept.
+	Ctime int64
 	Uid   uint32 // owner; not kept in the record file
 	Gid   uint32
 }
@@ -129,8 +135,21 @@ func entryOf(fi fs.FileInfo) entry {
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Ino, e.Uid, e.Gid = st.Ino, st.Uid, st.Gid
+		if e.Kind != 'd' {
+			e.Ctime = st.Ctim.Nano()
+		}
 	}
 	return e
+}
+
+// proves reports whether the recorded e shows that local is exactly what
+// was delivered: the same inode, unchanged since (Ctime). A record from
+// before Ctime was kept falls back to size and mtime.
+func (e entry) proves(local entry) bool {
+	if e.Kind != local.Kind || e.Size != local.Size || e.Mtime != local.Mtime {
+		return false
+	}
+	return e.Ctime == 0 || e.Ino == local.Ino && e.Ctime == local.Ctime
 }
 
 // same reports whether the content-bearing attributes match (inode ignored).
@@ -198,6 +217,8 @@ func appendRecordLine(b []byte, p string, e entry) []byte {
 	b = append(b, ' ')
 	b = strconv.AppendUint(b, e.Ino, 10)
 	b = append(b, ' ')
+	b = strconv.AppendInt(b, e.Ctime, 10)
+	b = append(b, ' ')
 	b = strconv.AppendQuote(b, p)
 	return append(b, '\n')
 }
@@ -208,20 +229,28 @@ func decodeRecord(b []byte) (map[string]entry, error) {
 		if line == "" {
 			continue
 		}
-		f := strings.SplitN(line, " ", 6)
-		if len(f) != 6 || len(f[0]) != 1 {
+		// kind size mtime mode inode ctime "path"; records written
+		// before ctime was kept lack it (the sixth field is the path).
+		f := strings.SplitN(line, " ", 7)
+		if len(f) < 6 || len(f[0]) != 1 {
 			return nil, fmt.Errorf("bad record line %q", line)
 		}
 		var e entry
-		var err [4]error
+		var err [5]error
+		if strings.HasPrefix(f[5], "\"") {
+			f = append(f[:5], "0", strings.Join(f[5:], " "))
+		} else if len(f) != 7 {
+			return nil, fmt.Errorf("bad record line %q", line)
+		}
+		e.Ctime, err[4] = strconv.ParseInt(f[5], 10, 64)
 		e.Kind = f[0][0]
 		e.Size, err[0] = strconv.ParseInt(f[1], 10, 64)
 		e.Mtime, err[1] = strconv.ParseInt(f[2], 10, 64)
 		mode, err2 := strconv.ParseUint(f[3], 8, 32)
 		e.Mode, err[2] = uint32(mode), err2
 		e.Ino, err[3] = strconv.ParseUint(f[4], 10, 64)
-		p, perr := strconv.Unquote(f[5])
-		if err := errors.Join(err[0], err[1], err[2], err[3], perr); err != nil {
+		p, perr := strconv.Unquote(f[6])
+		if err := errors.Join(err[0], err[1], err[2], err[3], err[4], perr); err != nil {
 			return nil, fmt.Errorf("bad record line %q: %w", line, err)
 		}
 		m[p] = e
