@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -234,6 +235,33 @@ func sameBytes(t target) bool {
 		off += int64(n)
 	}
 	return true
+}
+
+// quarantineDirFor opens (making what is missing, 0700) the directory of
+// the quarantine of epoch for entries of the directory relDir, one
+// component at a time without following a link; it returns it and its
+// path from the root.
+func quarantineDirFor(rt *rootState, epoch int64, relDir string) (*os.File, string, error) {
+	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+	qrel := path.Join(quarantineDir, strconv.FormatInt(epoch, 10), relDir)
+	fd, err := unix.Openat(int(rt.fsFD.Fd()), ".", flags, 0)
+	if err != nil {
+		return nil, "", &os.PathError{Op: "openat", Path: ".", Err: err}
+	}
+	for c := range strings.SplitSeq(qrel, "/") {
+		next, err := unix.Openat(fd, c, flags, 0)
+		if errors.Is(err, unix.ENOENT) {
+			if err = unix.Mkdirat(fd, c, 0o700); err == nil || errors.Is(err, unix.EEXIST) {
+				next, err = unix.Openat(fd, c, flags, 0)
+			}
+		}
+		unix.Close(fd)
+		if err != nil {
+			return nil, "", &os.PathError{Op: "openat", Path: qrel, Err: err}
+		}
+		fd = next
+	}
+	return os.NewFile(uintptr(fd), qrel), qrel, nil
 }
 
 // renameNoReplace renames without replacing: EEXIST when to is taken.

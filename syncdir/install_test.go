@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // batchFrom sends a batch put whose body is read from r; it reports
@@ -563,4 +565,56 @@ func TestRecordLegacyLine(t *testing.T) {
 	if e.proves(entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 56, Ctime: 79}) || e.proves(entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 57, Ctime: 78}) {
 		t.Fatal("a changed inode or ctime still proves delivery")
 	}
+}
+
+// Issue 16 finding 9: while a directory of the root is swapped, again and
+// again, with a link to another directory inside the root, nothing a push
+// makes (directories, files, batch files) lands in that other directory:
+// every change is made relative to directories opened without following
+// a link. The old code, walking paths through os.Root, which follows
+// links that stay inside the root, let mkdirs and files through.
+func TestSwapInsideRootNotFollowed(t *testing.T) {
+	_, b, p := pair(t)
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	other := filepath.Join(b.root, "other")
+	sw, alt := filepath.Join(b.root, "sw"), filepath.Join(b.root, "swalt")
+	for _, d := range []string{other, sw} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("other", alt); err != nil {
+		t.Fatal(err)
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			unix.Renameat2(unix.AT_FDCWD, sw, unix.AT_FDCWD, alt, unix.RENAME_EXCHANGE)
+		}
+	}()
+	for i := range 200 {
+		h.do("POST", fmt.Sprintf("/v1/mkdir/data?path=sw/d%d&mode=777", i), "5", "")
+		h.do("PUT", fmt.Sprintf("/v1/put/data?path=sw/f%d&mode=644&mtime=0", i), "5", "x")
+		h.batch("5", 1, batchBody([]batchFile{{path: fmt.Sprintf("sw/new%d/b", i), content: "b", mode: 0o644}}))
+	}
+	close(stop)
+	<-stopped
+	des, err := os.ReadDir(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(des) != 0 {
+		var names []string
+		for _, de := range des {
+			names = append(names, de.Name())
+		}
+		t.Fatalf("%d entries landed in the other directory through the link: %v", len(des), names)
+	}
+	noTempFiles(t, b.root)
 }

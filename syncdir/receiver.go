@@ -498,12 +498,12 @@ func (s *Syncer) makeRoom(rt *rootState, t target, epoch int64, occ occupant) er
 		if occ == keepDir {
 			return nil
 		}
-		return s.clearTree(rt, t.rel, epoch)
+		return s.clearTree(rt, t, epoch)
 	}
 	if s.confirmed(rt, t.rel, e) || e.Kind == 'f' && sameBytes(t) {
 		return nil
 	}
-	return s.quarantine(rt, t.rel, epoch)
+	return s.quarantine(rt, t.dir, t.name, t.rel, epoch)
 }
 
 func (s *Syncer) confirmed(rt *rootState, rel string, local entry) bool {
@@ -511,51 +511,84 @@ func (s *Syncer) confirmed(rt *rootState, rel string, local entry) bool {
 	return ok && e.proves(local)
 }
 
-// clearTree removes the directory rel after quarantining every file in it
+// clearTree removes the directory t after quarantining every entry in it
 // that the peer never confirmed, excluded ones included: an excluded name
 // (*.tmp, cache/, logs/ ...) never travels, so it can only be this node's
 // own data (finding 2). Only our own temp files go without quarantine.
-func (s *Syncer) clearTree(rt *rootState, rel string, epoch int64) error {
-	var unconfirmed []string
-	err := fs.WalkDir(rt.root.FS(), rel, func(p string, d fs.DirEntry, err error) error {
+// It works on descriptors all the way down (finding 9): a directory
+// swapped for a link meanwhile is not followed.
+func (s *Syncer) clearTree(rt *rootState, t target, epoch int64) error {
+	d, err := openSubdir(t.dir, t.name, t.rel)
+	if err != nil {
+		return err
+	}
+	err = s.clearDir(rt, d, t.rel, epoch)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(int(t.dir.Fd()), t.name, unix.AT_REMOVEDIR); err != nil {
+		return &os.PathError{Op: "rmdir", Path: t.rel, Err: err}
+	}
+	rt.rec.removeTree(t.rel)
+	return nil
+}
+
+// clearDir empties the directory d (at rel); see clearTree.
+func (s *Syncer) clearDir(rt *rootState, d *os.File, rel string, epoch int64) error {
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("scan %s: %w", rel, err)
+	}
+	for _, name := range names {
+		p := path.Join(rel, name)
+		e, err := statAt(d, name)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
 		if err != nil {
 			return err
 		}
 		switch {
-		case p == rel:
-			return nil
-		case reserved(p):
-			return nil // a temp file of ours: nobody's data
-		case rt.ex.match(p, d.IsDir()):
-			unconfirmed = append(unconfirmed, p) // a directory goes as a whole
-			if d.IsDir() {
-				return fs.SkipDir
+		case reserved(p): // a temp file of ours: nobody's data
+			err = unlinkIn(d, name, p, false)
+		case rt.ex.match(p, e.Kind == 'd'), e.Kind != 'd' && !s.confirmed(rt, p, e):
+			err = s.quarantine(rt, d, name, p, epoch) // a directory goes as a whole
+		case e.Kind == 'd':
+			var sub *os.File
+			if sub, err = openSubdir(d, name, p); err == nil {
+				err = s.clearDir(rt, sub, p, epoch)
+				sub.Close()
 			}
-			return nil
-		case d.IsDir():
-			return nil
+			if err == nil {
+				err = unlinkIn(d, name, p, true)
+			}
+		default:
+			err = unlinkIn(d, name, p, false)
 		}
-		fi, err := d.Info()
 		if err != nil {
 			return err
 		}
-		if !s.confirmed(rt, p, entryOf(fi)) {
-			unconfirmed = append(unconfirmed, p)
-		}
-		return nil
-	})
+	}
+	return nil
+}
+
+func openSubdir(d *os.File, name, rel string) (*os.File, error) {
+	fd, err := unix.Openat(int(d.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("scan %s: %w", rel, err)
+		return nil, &os.PathError{Op: "openat", Path: rel, Err: err}
 	}
-	for _, p := range unconfirmed {
-		if err := s.quarantine(rt, p, epoch); err != nil {
-			return err
-		}
+	return os.NewFile(uintptr(fd), rel), nil
+}
+
+func unlinkIn(d *os.File, name, rel string, dir bool) error {
+	flags := 0
+	if dir {
+		flags = unix.AT_REMOVEDIR
 	}
-	if err := rt.root.RemoveAll(rel); err != nil {
-		return err
+	if err := unix.Unlinkat(int(d.Fd()), name, flags); err != nil && !errors.Is(err, unix.ENOENT) {
+		return &os.PathError{Op: "unlinkat", Path: rel, Err: err}
 	}
-	rt.rec.removeTree(rel)
 	return nil
 }
 
@@ -568,21 +601,36 @@ type QuarantinedFile struct {
 	At    time.Time `json:"at"`
 }
 
-func (s *Syncer) quarantine(rt *rootState, rel string, epoch int64) error {
-	base := path.Join(quarantineDir, strconv.FormatInt(epoch, 10), rel)
-	if err := rt.root.MkdirAll(path.Dir(base), 0o700); err != nil {
+// quarantine moves the entry name of the directory d (at rel) to
+// <root>/.hapair-quarantine/<epoch>/<rel>, by descriptors; a name taken
+// there by an earlier one gets a suffix .1, .2, ...
+func (s *Syncer) quarantine(rt *rootState, d *os.File, name, rel string, epoch int64) error {
+	qd, qrel, err := quarantineDirFor(rt, epoch, path.Dir(rel))
+	if err != nil {
 		return fmt.Errorf("quarantine: %w", err)
 	}
-	dst := base
+	defer qd.Close()
+	dst := name
 	for i := 1; ; i++ {
-		if _, err := rt.root.Lstat(dst); errors.Is(err, fs.ErrNotExist) {
+		err := renameNoReplace(d, name, qd, dst)
+		if err == nil {
 			break
 		}
-		dst = fmt.Sprintf("%s.%d", base, i)
+		if errors.Is(err, unix.EINVAL) { // no RENAME_NOREPLACE here
+			if _, serr := statAt(qd, dst); errors.Is(serr, unix.ENOENT) {
+				if err := renameAt(d, name, qd, dst); err != nil {
+					return fmt.Errorf("quarantine: %w", err)
+				}
+				break
+			}
+			err = unix.EEXIST
+		}
+		if !errors.Is(err, unix.EEXIST) || i > 1000 {
+			return fmt.Errorf("quarantine: %w", err)
+		}
+		dst = fmt.Sprintf("%s.%d", name, i)
 	}
-	if err := rt.root.Rename(rel, dst); err != nil {
-		return fmt.Errorf("quarantine: %w", err)
-	}
+	dst = path.Join(qrel, dst)
 	rt.rec.removeTree(rel)
 	q := QuarantinedFile{Root: rt.name, Path: rel, Moved: path.Join(rt.abs, dst), Epoch: epoch, At: time.Now().UTC()}
 	s.m.quarantined.Inc()
