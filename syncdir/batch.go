@@ -52,7 +52,7 @@ var errSkipped = errors.New("syncdir: skipped by the sender")
 // batchResult is the receiver's verdict on one file of a batch.
 type batchResult struct {
 	Status int    `json:"status"`
-	Reason string `json:"reason,omitempty"`
+	Reason Reason `json:"reason,omitempty"`
 	Error  string `json:"error,omitempty"`
 }
 
@@ -63,12 +63,12 @@ type batchResp struct {
 func decodeBatchArgs(v url.Values, q *request) error {
 	for k := range v {
 		if k != "n" {
-			return refuse("bad-request", http.StatusBadRequest, "unknown parameter %q", k)
+			return refuse(ReasonBadRequest, http.StatusBadRequest, "unknown parameter %q", k)
 		}
 	}
 	n, err := strconv.Atoi(v.Get("n"))
 	if err != nil || n < 1 || n > batchMaxFiles {
-		return refuse("bad-request", http.StatusBadRequest, "batch n must be 1-%d, got %q", batchMaxFiles, v.Get("n"))
+		return refuse(ReasonBadRequest, http.StatusBadRequest, "batch n must be 1-%d, got %q", batchMaxFiles, v.Get("n"))
 	}
 	q.count = n
 	return nil
@@ -90,7 +90,7 @@ func readBatchHeader(br *bufio.Reader, batch request) (q request, ferr error, er
 	line, err := br.ReadSlice('\n')
 	switch {
 	case errors.Is(err, bufio.ErrBufferFull):
-		return q, nil, refuse("bad-request", http.StatusBadRequest, "batch header longer than %d bytes", batchMaxHeader)
+		return q, nil, refuse(ReasonBadRequest, http.StatusBadRequest, "batch header longer than %d bytes", batchMaxHeader)
 	case errors.Is(err, io.EOF):
 		return q, nil, fmt.Errorf("batch body ended in a header: %w", io.ErrUnexpectedEOF)
 	case err != nil:
@@ -101,21 +101,21 @@ func readBatchHeader(br *bufio.Reader, batch request) (q request, ferr error, er
 	}
 	v, err := url.ParseQuery(string(bytes.TrimSuffix(line, []byte("\n"))))
 	if err != nil {
-		return q, nil, refuse("bad-request", http.StatusBadRequest, "bad batch header: %v", err)
+		return q, nil, refuse(ReasonBadRequest, http.StatusBadRequest, "bad batch header: %v", err)
 	}
 	sz := v["size"]
 	if len(sz) != 1 {
-		return q, nil, refuse("bad-request", http.StatusBadRequest, "batch header needs one size")
+		return q, nil, refuse(ReasonBadRequest, http.StatusBadRequest, "batch header needs one size")
 	}
 	size, err := strconv.ParseInt(sz[0], 10, 64)
 	if err != nil || size < 0 || size > batchMaxBody {
-		return q, nil, refuse("bad-request", http.StatusBadRequest, "bad batch size %q", sz[0])
+		return q, nil, refuse(ReasonBadRequest, http.StatusBadRequest, "bad batch size %q", sz[0])
 	}
 	delete(v, "size")
 	q = request{op: opPut, root: batch.root, epoch: batch.epoch, node: batch.node, size: size}
 	for k, vs := range v {
 		if len(vs) != 1 {
-			return q, refuse("bad-request", http.StatusBadRequest, "parameter %q given %d times", k, len(vs)), nil
+			return q, refuse(ReasonBadRequest, http.StatusBadRequest, "parameter %q given %d times", k, len(vs)), nil
 		}
 	}
 	return q, decodeArgs(v, &q), nil
@@ -147,7 +147,7 @@ func (s *Syncer) recvBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 			items[i].discard()
 		}
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return refuse("too-large", http.StatusRequestEntityTooLarge, "batch body over %d bytes", mbe.Limit)
+			return refuse(ReasonTooLarge, http.StatusRequestEntityTooLarge, "batch body over %d bytes", mbe.Limit)
 		}
 		return err
 	}
@@ -208,7 +208,7 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 		}
 	}
 	if _, err := br.ReadByte(); err == nil {
-		return items, refuse("bad-request", http.StatusBadRequest, "batch body longer than its %d files", q.count)
+		return items, refuse(ReasonBadRequest, http.StatusBadRequest, "batch body longer than its %d files", q.count)
 	} else if !errors.Is(err, io.EOF) {
 		return items, fmt.Errorf("read batch: %w", err)
 	}
@@ -220,7 +220,7 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 func (s *Syncer) prepBatchFile(rt *rootState, it *batchItem, body io.Reader, dirs *dirSet, buf []byte) error {
 	q := it.q
 	if rt.ex.matchAny(q.path, false) {
-		return refuse("excluded", http.StatusBadRequest, "path %q is excluded here", q.path)
+		return refuse(ReasonExcluded, http.StatusBadRequest, "path %q is excluded here", q.path)
 	}
 	dir := path.Dir(q.path)
 	d, err := dirs.open(dir)
@@ -478,12 +478,12 @@ func (s *Syncer) batchVerdict(r *http.Request, rt *rootState, it *batchItem) bat
 	case it.err == nil:
 		return batchResult{Status: http.StatusOK}
 	case errors.Is(it.err, errSkipped):
-		return batchResult{Status: http.StatusNoContent, Reason: "skipped"}
+		return batchResult{Status: http.StatusNoContent, Reason: ReasonSkipped}
 	}
 	var rf *refusal
 	if errors.As(it.err, &rf) {
 		s.countRejected(rf.reason)
-		s.lg.Warn("sync request refused", zap.String("reason", rf.reason), zap.String("op", string(opBatch)),
+		s.lg.Warn("sync request refused", zap.String("reason", string(rf.reason)), zap.String("op", string(opBatch)),
 			zap.String("root", rt.name), zap.String("path", it.q.path), zap.String("from", r.RemoteAddr),
 			zap.Int64("epoch", it.q.epoch), zap.Error(it.err))
 		return batchResult{Status: rf.status, Reason: rf.reason, Error: it.err.Error()}

@@ -172,7 +172,7 @@ func TestBatchBadPath(t *testing.T) {
 	}
 	want := []string{"", "traversal", "symlink-parent", "excluded", "bad-request", ""}
 	for i, w := range want {
-		if w == "" && res[i].Status != 200 || w != "" && (res[i].Status != 400 || res[i].Reason != w) {
+		if w == "" && res[i].Status != 200 || w != "" && (res[i].Status != 400 || res[i].Reason != Reason(w)) {
 			t.Errorf("file %d: want %q, got %+v", i, w, res[i])
 		}
 	}
@@ -337,7 +337,7 @@ func TestBatchHeaderDecoding(t *testing.T) {
 			continue
 		}
 		rf, _ := ferr.(*refusal)
-		if c.reason == "" && ferr != nil || c.reason != "" && (rf == nil || rf.reason != c.reason) {
+		if c.reason == "" && ferr != nil || c.reason != "" && (rf == nil || rf.reason != Reason(c.reason)) {
 			t.Errorf("%.60q: want %q, got %v", c.line, c.reason, ferr)
 		}
 		if q.size != 2 || q.epoch != 3 || q.op != opPut {

@@ -188,9 +188,9 @@ func (s *Syncer) readManifest(w http.ResponseWriter, r *http.Request, each func(
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.ManifestMaxBytes))
 	bad := func(err error) error {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return refuse("too-large", http.StatusRequestEntityTooLarge, "manifest over %d bytes", mbe.Limit)
+			return refuse(ReasonTooLarge, http.StatusRequestEntityTooLarge, "manifest over %d bytes", mbe.Limit)
 		}
-		return refuse("bad-request", http.StatusBadRequest, "bad manifest: %v", err)
+		return refuse(ReasonBadRequest, http.StatusBadRequest, "bad manifest: %v", err)
 	}
 	delim := func(want json.Delim) error {
 		t, err := dec.Token()
@@ -218,7 +218,7 @@ func (s *Syncer) readManifest(w http.ResponseWriter, r *http.Request, each func(
 		}
 		for n := 0; dec.More(); n++ {
 			if n == s.cfg.ManifestMaxEntries {
-				return refuse("too-large", http.StatusRequestEntityTooLarge, "manifest of more than %d entries", n)
+				return refuse(ReasonTooLarge, http.StatusRequestEntityTooLarge, "manifest of more than %d entries", n)
 			}
 			var e mEntry
 			if err := dec.Decode(&e); err != nil {

@@ -79,10 +79,10 @@ func (s *Syncer) countError(kind string) {
 	s.st.mu.Unlock()
 }
 
-func (s *Syncer) countRejected(reason string) {
-	s.m.rejected.WithLabelValues(reason).Inc()
+func (s *Syncer) countRejected(reason Reason) {
+	s.m.rejected.WithLabelValues(string(reason)).Inc()
 	s.st.mu.Lock()
-	s.st.rejected[reason]++
+	s.st.rejected[string(reason)]++
 	s.st.mu.Unlock()
 }
 

@@ -49,7 +49,7 @@ func (s *Syncer) admit(r *http.Request) (request, *rootState, error) {
 	if s.token != "" {
 		got := r.Header.Get(hdrToken)
 		if subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+s.token)) != 1 {
-			return request{}, nil, refuse("auth", http.StatusUnauthorized, "missing or wrong bearer token")
+			return request{}, nil, refuse(ReasonAuth, http.StatusUnauthorized, "missing or wrong bearer token")
 		}
 	}
 	q, err := decodeRequest(r)
@@ -58,13 +58,13 @@ func (s *Syncer) admit(r *http.Request) (request, *rootState, error) {
 	}
 	rt := s.rootByName[q.root]
 	if rt == nil || rt.root == nil {
-		return q, nil, refuse("unknown-root", http.StatusNotFound, "no root %q here", q.root)
+		return q, nil, refuse(ReasonUnknownRoot, http.StatusNotFound, "no root %q here", q.root)
 	}
 	if h := s.epochs.get(); q.epoch < h {
-		return q, nil, refuse("stale-epoch", http.StatusConflict, "epoch %d from %s is below %d", q.epoch, q.node, h)
+		return q, nil, refuse(ReasonStaleEpoch, http.StatusConflict, "epoch %d from %s is below %d", q.epoch, q.node, h)
 	}
 	if s.fence.Holding() {
-		return q, nil, refuse("holding", http.StatusConflict, "this node is or is becoming ACTIVE")
+		return q, nil, refuse(ReasonHolding, http.StatusConflict, "this node is or is becoming ACTIVE")
 	}
 	// The epoch is not recorded here: only the first change of a request
 	// that passed every check does that (holdFence), so a request refused
@@ -75,7 +75,7 @@ func (s *Syncer) admit(r *http.Request) (request, *rootState, error) {
 
 func (s *Syncer) apply(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
 	if q.op != opManifest && q.op != opBatch && (rt.ex.matchAny(q.path, q.op == opMkdir) || (q.to != "" && rt.ex.matchAny(q.to, false))) {
-		return refuse("excluded", http.StatusBadRequest, "path %q is excluded here", q.path)
+		return refuse(ReasonExcluded, http.StatusBadRequest, "path %q is excluded here", q.path)
 	}
 	switch q.op {
 	case opPut:
@@ -93,17 +93,17 @@ func (s *Syncer) apply(w http.ResponseWriter, r *http.Request, rt *rootState, q 
 	case opBatch:
 		return s.recvBatch(w, r, rt, q)
 	}
-	return refuse("bad-request", http.StatusNotFound, "unknown operation")
+	return refuse(ReasonBadRequest, http.StatusNotFound, "unknown operation")
 }
 
 // fail answers an error, counting refusals by reason and failures by kind.
 func (s *Syncer) fail(w http.ResponseWriter, r *http.Request, q request, err error) {
 	var rf *refusal
-	status, reason := http.StatusInternalServerError, ""
+	status, reason := http.StatusInternalServerError, Reason("")
 	if errors.As(err, &rf) {
 		status, reason = rf.status, rf.reason
 		s.countRejected(reason)
-		s.lg.Warn("sync request refused", zap.String("reason", reason), zap.String("op", string(q.op)),
+		s.lg.Warn("sync request refused", zap.String("reason", string(reason)), zap.String("op", string(q.op)),
 			zap.String("path", q.path), zap.String("from", r.RemoteAddr), zap.Int64("epoch", q.epoch), zap.Error(err))
 	} else {
 		kind := errKind(err)
@@ -116,7 +116,7 @@ func (s *Syncer) fail(w http.ResponseWriter, r *http.Request, q request, err err
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]string{"error": err.Error(), "reason": reason})
+	json.NewEncoder(w).Encode(errorBody{Error: err.Error(), Reason: reason})
 }
 
 func errKind(err error) string {
@@ -257,12 +257,12 @@ func writeBody(f *os.File, body io.Reader, trailer http.Header, q request) (int6
 	// Read to the end so the trailer arrives; a sender that saw its file
 	// change while reading says so there.
 	if _, err := io.CopyN(io.Discard, body, 1); err == nil {
-		return n, q.mtime, refuse("bad-request", http.StatusBadRequest, "body longer than Content-Length")
+		return n, q.mtime, refuse(ReasonBadRequest, http.StatusBadRequest, "body longer than Content-Length")
 	} else if !errors.Is(err, io.EOF) {
 		return n, q.mtime, fmt.Errorf("write: %w", err)
 	}
 	if c := trailer.Get(hdrCommit); (c != "" || q.stream) && c != commitOK {
-		return n, q.mtime, refuse("source-changed", http.StatusConflict, "the file changed while it was sent")
+		return n, q.mtime, refuse(ReasonSourceChanged, http.StatusConflict, "the file changed while it was sent")
 	}
 	mtime, err := streamEnd(trailer, q, n)
 	if err != nil {
@@ -345,11 +345,11 @@ func streamEnd(trailer http.Header, q request, n int64) (int64, error) {
 	}
 	size, err := strconv.ParseInt(trailer.Get(hdrSize), 10, 64)
 	if err != nil || size != n {
-		return 0, refuse("bad-request", http.StatusBadRequest, "stream of %d bytes announced size %q", n, trailer.Get(hdrSize))
+		return 0, refuse(ReasonBadRequest, http.StatusBadRequest, "stream of %d bytes announced size %q", n, trailer.Get(hdrSize))
 	}
 	mtime, err := strconv.ParseInt(trailer.Get(hdrMtime), 10, 64)
 	if err != nil {
-		return 0, refuse("bad-request", http.StatusBadRequest, "bad stream mtime %q", trailer.Get(hdrMtime))
+		return 0, refuse(ReasonBadRequest, http.StatusBadRequest, "bad stream mtime %q", trailer.Get(hdrMtime))
 	}
 	return mtime, nil
 }
@@ -726,12 +726,12 @@ func (s *Syncer) recvDelete(rt *rootState, q request) error {
 
 func (s *Syncer) recvRename(rt *rootState, q request) error {
 	if q.to == q.path || strings.HasPrefix(q.to, q.path+"/") {
-		return refuse("bad-request", http.StatusBadRequest, "cannot rename %q to %q", q.path, q.to)
+		return refuse(ReasonBadRequest, http.StatusBadRequest, "cannot rename %q to %q", q.path, q.to)
 	}
 	from, err := s.parentOf(rt, q, q.path, false)
 	if err != nil {
 		if errors.Is(err, errNoParent) {
-			return refuse("rename-source", http.StatusConflict, "rename source %q: %v", q.path, err)
+			return refuse(ReasonRenameSource, http.StatusConflict, "rename source %q: %v", q.path, err)
 		}
 		return err
 	}
@@ -739,10 +739,10 @@ func (s *Syncer) recvRename(rt *rootState, q request) error {
 	fromName := path.Base(q.path)
 	e, err := statAt(from, fromName)
 	if err != nil {
-		return refuse("rename-source", http.StatusConflict, "rename source %q: %v", q.path, err)
+		return refuse(ReasonRenameSource, http.StatusConflict, "rename source %q: %v", q.path, err)
 	}
 	if e.Kind != 'd' && !s.confirmed(rt, q.path, e) {
-		return refuse("rename-source", http.StatusConflict, "rename source %q differs from what was synced", q.path)
+		return refuse(ReasonRenameSource, http.StatusConflict, "rename source %q differs from what was synced", q.path)
 	}
 	to, err := s.parentOf(rt, q, q.to, true)
 	if err != nil {

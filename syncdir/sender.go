@@ -728,13 +728,13 @@ func (sd *sender) failed(r result, note bool) bool {
 			requeue(key{j.k.root, j.to}, j.p2, false, false)
 		}
 		return false
-	case errors.Is(r.err, errSourceChanged), errors.As(r.err, &he) && he.reason == "source-changed":
+	case errors.Is(r.err, errSourceChanged), errors.As(r.err, &he) && he.reason == ReasonSourceChanged:
 		q := sd.touch(j.k, now, false) // the change has its own event; look again
 		if j.grow != nil && j.grow.closed.Load() && !q.writing {
 			q.closed = true // streamed while written, then closed: no need to wait
 		}
 		return false
-	case errors.As(r.err, &he) && he.reason == "rename-source":
+	case errors.As(r.err, &he) && he.reason == ReasonRenameSource:
 		requeue(j.k, j.p, true, true)
 		requeue(key{j.k.root, j.to}, j.p2, true, true)
 		return false
@@ -756,7 +756,7 @@ func sendErrKind(err error) string {
 	var he *httpError
 	if errors.As(err, &he) {
 		if he.reason != "" {
-			return "peer-" + he.reason
+			return "peer-" + string(he.reason)
 		}
 		if he.status == 507 {
 			return "peer-disk-full"

@@ -463,7 +463,7 @@ type serverLog struct{ s *Syncer }
 func (l *serverLog) Write(b []byte) (int, error) {
 	msg := strings.TrimSpace(string(b))
 	if strings.Contains(msg, "TLS handshake error") {
-		l.s.countRejected("tls")
+		l.s.countRejected(ReasonTLS)
 	}
 	l.s.lg.Warn("sync receiver", zap.String("msg", msg))
 	return len(b), nil
