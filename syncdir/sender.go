@@ -713,32 +713,31 @@ func (sd *sender) failed(r result, note bool) bool {
 		p.notBefore = now.Add(sd.delay(p.attempts))
 		sd.pending[k] = p
 	}
-	var he *httpError
-	switch {
-	case !errors.As(r.err, &he) && errors.Is(r.err, fs.ErrNotExist):
-		// Changed under us (a temp file come and gone): look again at once.
+	next := classifyFailure(r.err)
+	switch next {
+	case nextLookAgain:
 		sd.touch(j.k, now, false)
 		if j.kind == jobRename {
 			sd.touch(key{j.k.root, j.to}, now, true)
 		}
 		return false
-	case errors.Is(r.err, errNotActive), errors.Is(r.err, context.Canceled):
+	case nextRequeue:
 		requeue(j.k, j.p, false, false)
 		if j.kind == jobRename {
 			requeue(key{j.k.root, j.to}, j.p2, false, false)
 		}
 		return false
-	case errors.Is(r.err, errSourceChanged), errors.As(r.err, &he) && he.reason == ReasonSourceChanged:
+	case nextSourceChanged:
 		q := sd.touch(j.k, now, false) // the change has its own event; look again
 		if j.grow != nil && j.grow.closed.Load() && !q.writing {
 			q.closed = true // streamed while written, then closed: no need to wait
 		}
 		return false
-	case errors.As(r.err, &he) && he.reason == ReasonRenameSource:
+	case nextAsCopy:
 		requeue(j.k, j.p, true, true)
 		requeue(key{j.k.root, j.to}, j.p2, true, true)
 		return false
-	case errors.As(r.err, &he) && he.status == 400:
+	case nextGiveUp:
 		sd.s.noteError("refused", r.err) // the peer will never take it: do not loop
 		return false
 	}
@@ -749,7 +748,62 @@ func (sd *sender) failed(r result, note bool) bool {
 	if j.kind == jobRename {
 		requeue(key{j.k.root, j.to}, j.p2, false, false)
 	}
-	return !errors.As(r.err, &he) || he.status == 409 // peer down, or fenced
+	return next == nextPausePeer
+}
+
+// next is what the sender does with a path whose request failed.
+type next uint8
+
+const (
+	nextRetry         next = iota // back off and send again
+	nextPausePeer                 // back off, and pause the whole peer (down, or fencing us)
+	nextLookAgain                 // changed under us (a temp file come and gone): look at once
+	nextRequeue                   // not active any more, or stopping: keep it for later
+	nextSourceChanged             // changed while sent: its own event sends it again
+	nextAsCopy                    // the peer's rename source is not ours: send both paths whole
+	nextGiveUp                    // refused for good (400): never loop on it
+)
+
+func (n next) String() string {
+	switch n {
+	case nextRetry:
+		return "retry"
+	case nextPausePeer:
+		return "pause-peer"
+	case nextLookAgain:
+		return "look-again"
+	case nextRequeue:
+		return "requeue"
+	case nextSourceChanged:
+		return "source-changed"
+	case nextAsCopy:
+		return "as-copy"
+	case nextGiveUp:
+		return "give-up"
+	}
+	return "unknown"
+}
+
+// classifyFailure decides, without I/O, what a failed request's error
+// calls for; it reads the peer's answer by its typed Reason and status.
+func classifyFailure(err error) next {
+	var he *httpError
+	peer := errors.As(err, &he)
+	switch {
+	case !peer && errors.Is(err, fs.ErrNotExist):
+		return nextLookAgain
+	case errors.Is(err, errNotActive), errors.Is(err, context.Canceled):
+		return nextRequeue
+	case errors.Is(err, errSourceChanged), peer && he.reason == ReasonSourceChanged:
+		return nextSourceChanged
+	case peer && he.reason == ReasonRenameSource:
+		return nextAsCopy
+	case peer && he.status == 400:
+		return nextGiveUp
+	case !peer, he.status == 409:
+		return nextPausePeer
+	}
+	return nextRetry
 }
 
 func sendErrKind(err error) string {
