@@ -54,6 +54,9 @@ const (
 	clearAll occupant = iota
 	// keepDir: a directory stays (mkdir of an existing directory).
 	keepDir
+	// removeAll: as clearAll, and a delivered file is removed too: a
+	// directory renamed into place cannot replace a file.
+	removeAll
 )
 
 // install makes one change of request q visible at t; see the top of this

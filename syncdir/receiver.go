@@ -501,6 +501,10 @@ func (s *Syncer) makeRoom(rt *rootState, t target, epoch int64, occ occupant) er
 		return s.clearTree(rt, t, epoch)
 	}
 	if s.confirmed(rt, t.rel, e) || e.Kind == 'f' && sameBytes(t) {
+		if occ == removeAll {
+			rt.rec.removeTree(t.rel)
+			return unlinkIn(t.dir, t.name, t.rel, false)
+		}
 		return nil
 	}
 	return s.quarantine(rt, t.dir, t.name, t.rel, epoch)
@@ -750,7 +754,11 @@ func (s *Syncer) recvRename(rt *rootState, q request) error {
 	}
 	defer to.Close()
 	t := target{rel: q.to, dir: to, name: path.Base(q.to)}
-	err = s.install(rt, q, t, clearAll,
+	occ := clearAll
+	if e.Kind == 'd' {
+		occ = removeAll
+	}
+	err = s.install(rt, q, t, occ,
 		func() error { return renameNoReplace(from, fromName, to, t.name) },
 		func() error { return renameAt(from, fromName, to, t.name) })
 	if err != nil {
