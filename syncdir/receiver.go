@@ -729,7 +729,9 @@ func (s *Syncer) recvDelete(rt *rootState, q request) error {
 }
 
 func (s *Syncer) recvRename(rt *rootState, q request) error {
-	if q.to == q.path || strings.HasPrefix(q.to, q.path+"/") {
+	// No rename(2) moves a directory into itself or over an ancestor of
+	// its source; clearing the target would remove the source.
+	if q.to == q.path || strings.HasPrefix(q.to, q.path+"/") || strings.HasPrefix(q.path, q.to+"/") {
 		return refuse(ReasonBadRequest, http.StatusBadRequest, "cannot rename %q to %q", q.path, q.to)
 	}
 	from, err := s.parentOf(rt, q, q.path, false)
