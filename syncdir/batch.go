@@ -52,7 +52,7 @@ var errSkipped = errors.New("syncdir: skipped by the sender")
 // batchResult is the receiver's verdict on one file of a batch.
 type batchResult struct {
 	Status int    `json:"status"`
-	Reason string `json:"reason,omitempty"`
+	Reason Reason `json:"reason,omitempty"`
 	Error  string `json:"error,omitempty"`
 }
 
@@ -63,12 +63,12 @@ type batchResp struct {
 func decodeBatchArgs(v url.Values, q *request) error {
 	for k := range v {
 		if k != "n" {
-			return refuse("bad-request", http.StatusBadRequest, "unknown parameter %q", k)
+			return refuse(ReasonBadRequest, http.StatusBadRequest, "unknown parameter %q", k)
 		}
 	}
 	n, err := strconv.Atoi(v.Get("n"))
 	if err != nil || n < 1 || n > batchMaxFiles {
-		return refuse("bad-request", http.StatusBadRequest, "batch n must be 1-%d, got %q", batchMaxFiles, v.Get("n"))
+		return refuse(ReasonBadRequest, http.StatusBadRequest, "batch n must be 1-%d, got %q", batchMaxFiles, v.Get("n"))
 	}
 	q.count = n
 	return nil
@@ -90,7 +90,7 @@ func readBatchHeader(br *bufio.Reader, batch request) (q request, ferr error, er
 	line, err := br.ReadSlice('\n')
 	switch {
 	case errors.Is(err, bufio.ErrBufferFull):
-		return q, nil, refuse("bad-request", http.StatusBadRequest, "batch header longer than %d bytes", batchMaxHeader)
+		return q, nil, refuse(ReasonBadRequest, http.StatusBadRequest, "batch header longer than %d bytes", batchMaxHeader)
 	case errors.Is(err, io.EOF):
 		return q, nil, fmt.Errorf("batch body ended in a header: %w", io.ErrUnexpectedEOF)
 	case err != nil:
@@ -101,21 +101,21 @@ func readBatchHeader(br *bufio.Reader, batch request) (q request, ferr error, er
 	}
 	v, err := url.ParseQuery(string(bytes.TrimSuffix(line, []byte("\n"))))
 	if err != nil {
-		return q, nil, refuse("bad-request", http.StatusBadRequest, "bad batch header: %v", err)
+		return q, nil, refuse(ReasonBadRequest, http.StatusBadRequest, "bad batch header: %v", err)
 	}
 	sz := v["size"]
 	if len(sz) != 1 {
-		return q, nil, refuse("bad-request", http.StatusBadRequest, "batch header needs one size")
+		return q, nil, refuse(ReasonBadRequest, http.StatusBadRequest, "batch header needs one size")
 	}
 	size, err := strconv.ParseInt(sz[0], 10, 64)
 	if err != nil || size < 0 || size > batchMaxBody {
-		return q, nil, refuse("bad-request", http.StatusBadRequest, "bad batch size %q", sz[0])
+		return q, nil, refuse(ReasonBadRequest, http.StatusBadRequest, "bad batch size %q", sz[0])
 	}
 	delete(v, "size")
 	q = request{op: opPut, root: batch.root, epoch: batch.epoch, node: batch.node, size: size}
 	for k, vs := range v {
 		if len(vs) != 1 {
-			return q, refuse("bad-request", http.StatusBadRequest, "parameter %q given %d times", k, len(vs)), nil
+			return q, refuse(ReasonBadRequest, http.StatusBadRequest, "parameter %q given %d times", k, len(vs)), nil
 		}
 	}
 	return q, decodeArgs(v, &q), nil
@@ -123,10 +123,13 @@ func readBatchHeader(br *bufio.Reader, batch request) (q request, ferr error, er
 
 // batchItem is one file of a batch on its way through the receiver.
 type batchItem struct {
-	q   request
-	dir *os.File // its directory, from the batch's dirSet
-	tmp string   // temp file name in dir, "" once renamed or removed
-	f   *os.File // open until synced, an unnamed one until linked
+	q request
+	// tmpDir holds the file until install: its directory, or while that
+	// is missing the nearest one above it (prepDir); from the batch's dirSet.
+	tmpDir *os.File
+	dir    *os.File // its directory, once known (at the latest in commitBatch)
+	tmp    string   // temp file name in tmpDir, "" once renamed or removed
+	f      *os.File // open until synced, an unnamed one until linked
 	// anon: f is unnamed (O_TMPFILE) and must stay open until it is linked.
 	anon bool
 	ent  entry // the temp file as written, recorded once it is in place
@@ -144,14 +147,14 @@ func (s *Syncer) recvBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 			items[i].discard()
 		}
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			return refuse("too-large", http.StatusRequestEntityTooLarge, "batch body over %d bytes", mbe.Limit)
+			return refuse(ReasonTooLarge, http.StatusRequestEntityTooLarge, "batch body over %d bytes", mbe.Limit)
 		}
 		return err
 	}
 	tl[1] = time.Now()
 	syncBatch(rt, items)
 	tl[2] = time.Now()
-	s.commitBatch(rt, items)
+	s.commitBatch(rt, items, dirs)
 	tl[3] = time.Now()
 	if ce := s.lg.Check(zap.DebugLevel, "sync batch applied"); ce != nil {
 		ce.Write(zap.Int("files", len(items)), zap.Bool("syncfs", rt.bySyncfs(len(items))), zap.Time("start", tl[0]),
@@ -176,6 +179,9 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 		if err != nil {
 			return items, err
 		}
+		if ferr == nil {
+			s.applyPolicy(&fq)
+		}
 		it := batchItem{q: fq, err: ferr}
 		body := &io.LimitedReader{R: br, N: fq.size}
 		if it.err == nil {
@@ -197,9 +203,12 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 		if body.N != 0 {
 			return items, fmt.Errorf("batch body ended inside %q: %w", fq.path, io.ErrUnexpectedEOF)
 		}
+		if f := s.afterBatchFile.Load(); f != nil {
+			(*f)()
+		}
 	}
 	if _, err := br.ReadByte(); err == nil {
-		return items, refuse("bad-request", http.StatusBadRequest, "batch body longer than its %d files", q.count)
+		return items, refuse(ReasonBadRequest, http.StatusBadRequest, "batch body longer than its %d files", q.count)
 	} else if !errors.Is(err, io.EOF) {
 		return items, fmt.Errorf("read batch: %w", err)
 	}
@@ -211,21 +220,18 @@ func (s *Syncer) readBatch(w http.ResponseWriter, r *http.Request, rt *rootState
 func (s *Syncer) prepBatchFile(rt *rootState, it *batchItem, body io.Reader, dirs *dirSet, buf []byte) error {
 	q := it.q
 	if rt.ex.matchAny(q.path, false) {
-		return refuse("excluded", http.StatusBadRequest, "path %q is excluded here", q.path)
+		return refuse(ReasonExcluded, http.StatusBadRequest, "path %q is excluded here", q.path)
 	}
 	dir := path.Dir(q.path)
 	d, err := dirs.open(dir)
-	if err != nil {
-		// Missing, or a symlink or a file in the way: the slow path makes
-		// the parents (or says why it will not).
-		if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
-			return err
-		}
-		if d, err = dirs.open(dir); err != nil {
-			return err
-		}
+	if err == nil {
+		it.dir = d
+	} else if d, err = dirs.prepDir(s, q); err != nil {
+		// A symlink on the way; a missing directory or a file in the way
+		// is for install to deal with.
+		return err
 	}
-	it.dir = d
+	it.tmpDir = d
 	f, anon, err := createAnonIn(d, q.mode)
 	if err != nil {
 		return err
@@ -261,7 +267,7 @@ func (s *Syncer) prepBatchFile(rt *rootState, it *batchItem, body io.Reader, dir
 // per file; chown comes first because it clears setuid bits.
 func fixOwnerMode(f *os.File, e entry, q request) (entry, error) {
 	chowned := false
-	if q.owner && canChown && (e.Uid != q.uid || e.Gid != q.gid) {
+	if q.owner && (e.Uid != q.uid || e.Gid != q.gid) {
 		if err := setOwner(f.Chown, q); err != nil {
 			return e, err
 		}
@@ -283,7 +289,7 @@ func (it *batchItem) discard() {
 		it.f = nil
 	}
 	if it.tmp != "" {
-		unix.Unlinkat(int(it.dir.Fd()), it.tmp, 0)
+		unix.Unlinkat(int(it.tmpDir.Fd()), it.tmp, 0)
 		it.tmp = ""
 	}
 }
@@ -335,9 +341,9 @@ func syncBatch(rt *rootState, items []batchItem) {
 	wg.Wait()
 }
 
-// commitBatch renames the durable files into place (quarantining what
-// they replace when the peer never had it) and fsyncs each directory once.
-func (s *Syncer) commitBatch(rt *rootState, items []batchItem) {
+// commitBatch installs the durable files (quarantining what they replace
+// when the peer never had it) and fsyncs each directory once.
+func (s *Syncer) commitBatch(rt *rootState, items []batchItem, ds *dirSet) {
 	dirs := map[*os.File][]*batchItem{}
 	for i := range items {
 		it := &items[i]
@@ -345,57 +351,71 @@ func (s *Syncer) commitBatch(rt *rootState, items []batchItem) {
 			it.discard()
 			continue
 		}
-		if err := s.installBatchFile(rt, it); err != nil {
+		if err := s.installBatchFile(rt, it, ds); err != nil {
 			it.err = err
 			it.discard()
 			continue
 		}
 		dirs[it.dir] = append(dirs[it.dir], it)
+		// Stat again: linking or renaming changed the inode's ctime.
+		if e, err := statAt(it.dir, path.Base(it.q.path)); err == nil {
+			rt.rec.set(it.q.path, e)
+		}
 	}
-	syncBatchDirs(rt, dirs)
+	err := durable(rt, func() error { syncBatchDirs(rt, dirs); return nil })
 	for _, its := range dirs {
 		for _, it := range its {
 			if it.err == nil {
-				rt.rec.set(it.q.path, it.ent) // renamed: same inode, size and times
+				it.err = err
+			}
+			if it.err == nil {
 				s.countReceived(it.q.size)
 			}
 		}
 	}
 }
 
-// installBatchFile gives a durable file its final name, quarantining what it
-// replaces when the peer never had it. An unnamed file is linked straight
-// to a free name; a taken name needs the temp name and rename(2), which
-// replaces atomically.
-func (s *Syncer) installBatchFile(rt *rootState, it *batchItem) error {
+// installBatchFile gives a durable file its final name through install.
+// An unnamed file is linked straight to a free name, a temp file renamed
+// without replacing; a taken name gets a temp name and rename(2), which
+// replaces atomically, once makeRoom has dealt with what is there.
+func (s *Syncer) installBatchFile(rt *rootState, it *batchItem, ds *dirSet) error {
+	if it.dir == nil {
+		d, err := ds.open(path.Dir(it.q.path))
+		if err != nil {
+			// Its directory is missing (or a file is in the way): install
+			// makes it now, and the other files of the batch find it.
+			if d, err = s.parentOf(rt, it.q, it.q.path, true); err != nil {
+				return err
+			}
+			ds.fds[path.Dir(it.q.path)] = d
+		}
+		it.dir = d
+	}
 	name := path.Base(it.q.path)
+	t := target{rel: it.q.path, dir: it.dir, name: name}
+	var create, replace func() error
+	t.incoming = func() (*os.File, error) {
+		if it.anon {
+			return os.Open("/proc/self/fd/" + strconv.Itoa(int(it.f.Fd())))
+		}
+		return openIn(it.tmpDir, it.tmp)
+	}
 	if it.anon {
-		err := linkIn(it.dir, it.f, name)
-		if err == nil {
-			it.closeLinked()
-			return nil
+		create = func() error { return linkIn(it.dir, it.f, name) }
+		replace = func() error {
+			it.tmpDir, it.tmp = it.dir, path.Base(tempName("."))
+			if err := linkIn(it.dir, it.f, it.tmp); err != nil {
+				it.tmp = ""
+				return err
+			}
+			return renameAt(it.dir, it.tmp, it.dir, name)
 		}
-		if !errors.Is(err, unix.EEXIST) {
-			return err
-		}
-		it.tmp = path.Base(tempName("."))
-		if err := linkIn(it.dir, it.f, it.tmp); err != nil {
-			it.tmp = ""
-			return err
-		}
-	} else if taken, err := existsIn(it.dir, name); err != nil {
-		return err
-	} else if !taken {
-		return it.rename(name)
+	} else {
+		create = func() error { return renameNoReplace(it.tmpDir, it.tmp, it.dir, name) }
+		replace = func() error { return renameAt(it.tmpDir, it.tmp, it.dir, name) }
 	}
-	if err := s.makeRoom(rt, it.q.path, it.q.epoch, false); err != nil {
-		return err
-	}
-	return it.rename(name)
-}
-
-func (it *batchItem) rename(name string) error {
-	if err := renameIn(it.dir, it.tmp, name); err != nil {
+	if err := s.install(rt, it.q, t, clearAll, create, replace); err != nil {
 		return err
 	}
 	it.tmp = ""
@@ -458,12 +478,12 @@ func (s *Syncer) batchVerdict(r *http.Request, rt *rootState, it *batchItem) bat
 	case it.err == nil:
 		return batchResult{Status: http.StatusOK}
 	case errors.Is(it.err, errSkipped):
-		return batchResult{Status: http.StatusNoContent, Reason: "skipped"}
+		return batchResult{Status: http.StatusNoContent, Reason: ReasonSkipped}
 	}
 	var rf *refusal
 	if errors.As(it.err, &rf) {
 		s.countRejected(rf.reason)
-		s.lg.Warn("sync request refused", zap.String("reason", rf.reason), zap.String("op", string(opBatch)),
+		s.lg.Warn("sync request refused", zap.String("reason", string(rf.reason)), zap.String("op", string(opBatch)),
 			zap.String("root", rt.name), zap.String("path", it.q.path), zap.String("from", r.RemoteAddr),
 			zap.Int64("epoch", it.q.epoch), zap.Error(it.err))
 		return batchResult{Status: rf.status, Reason: rf.reason, Error: it.err.Error()}

@@ -172,7 +172,7 @@ func TestBatchBadPath(t *testing.T) {
 	}
 	want := []string{"", "traversal", "symlink-parent", "excluded", "bad-request", ""}
 	for i, w := range want {
-		if w == "" && res[i].Status != 200 || w != "" && (res[i].Status != 400 || res[i].Reason != w) {
+		if w == "" && res[i].Status != 200 || w != "" && (res[i].Status != 400 || res[i].Reason != Reason(w)) {
 			t.Errorf("file %d: want %q, got %+v", i, w, res[i])
 		}
 	}
@@ -337,7 +337,7 @@ func TestBatchHeaderDecoding(t *testing.T) {
 			continue
 		}
 		rf, _ := ferr.(*refusal)
-		if c.reason == "" && ferr != nil || c.reason != "" && (rf == nil || rf.reason != c.reason) {
+		if c.reason == "" && ferr != nil || c.reason != "" && (rf == nil || rf.reason != Reason(c.reason)) {
 			t.Errorf("%.60q: want %q, got %v", c.line, c.reason, ferr)
 		}
 		if q.size != 2 || q.epoch != 3 || q.op != opPut {
@@ -400,20 +400,20 @@ func TestBatchStreamSkips(t *testing.T) {
 	noTempFiles(t, b.root)
 }
 
-// A batch file keeps its owner and every mode bit, setuid included (chown
-// clears it, so the order matters), also where the umask would strip bits.
-func TestBatchOwnerMode(t *testing.T) {
-	if !canChown {
-		t.Skip("owners are synced only by a receiver running as root")
-	}
-	_, b, p := pair(t)
-	h := newHostileClient(t, p, b.ln.Addr().String())
+// ownerCase is one file sent with a mode and an owner, and what the
+// receiver must make of them.
+type ownerCase struct {
+	name              string
+	mode, uid, gid    uint32
+	wantMode, wantUid uint32
+	wantGid           uint32
+}
+
+// sendOwners sends files as one batch and checks mode, owner and mtime
+// on disk and in the record.
+func sendOwners(t *testing.T, b *node, h *hostileClient, files []ownerCase) {
+	t.Helper()
 	var body []byte
-	files := []struct {
-		name     string
-		mode     uint32
-		uid, gid uint32
-	}{{"suid", 0o4755, 65534, 65534}, {"open", 0o666, 0, 0}, {"plain", 0o644, 0, 0}, {"grp", 0o2750, 0, 65534}}
 	for _, f := range files {
 		body = appendBatchHeader(body, f.name, entry{Mode: f.mode, Mtime: 1e18, Size: 2, Uid: f.uid, Gid: f.gid})
 		body = append(body, "ok"...)
@@ -427,11 +427,60 @@ func TestBatchOwnerMode(t *testing.T) {
 			t.Fatal(err)
 		}
 		e := entryOf(fi)
-		if e.Mode != f.mode || e.Uid != f.uid || e.Gid != f.gid || e.Mtime != 1e18 {
-			t.Errorf("%s: mode %o uid %d gid %d mtime %d, want %o %d %d", f.name, e.Mode, e.Uid, e.Gid, e.Mtime, f.mode, f.uid, f.gid)
+		if e.Mode != f.wantMode || e.Uid != f.wantUid || e.Gid != f.wantGid || e.Mtime != 1e18 {
+			t.Errorf("%s: mode %o uid %d gid %d mtime %d, want %o %d %d", f.name, e.Mode, e.Uid, e.Gid, e.Mtime, f.wantMode, f.wantUid, f.wantGid)
 		}
 		if r, ok := b.s.roots[0].rec.get(f.name); !ok || !r.same(e) {
 			t.Errorf("%s: recorded %+v, on disk %+v", f.name, r, e)
 		}
+	}
+}
+
+// Issue 16 finding 8: by default a received file belongs to the
+// receiver's user and never gets setuid, setgid or sticky bits, whatever
+// the wire says (a pushed 4755 owned by uid 0 made a setuid-root file).
+func TestBatchOwnerModeDefaultPolicy(t *testing.T) {
+	_, b, p := pair(t)
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	me, mg := uint32(os.Geteuid()), uint32(os.Getegid())
+	sendOwners(t, b, h, []ownerCase{
+		{"suid-root", 0o4755, 0, 0, 0o755, me, mg},
+		{"suid", 0o4755, 65534, 65534, 0o755, me, mg},
+		{"open", 0o666, 0, 0, 0o666, me, mg},
+		{"grp", 0o2750, 0, 65534, 0o750, me, mg},
+		{"sticky", 0o1777, 65534, 65534, 0o777, me, mg},
+	})
+}
+
+// With owners on (and roled root), the sender's owner is applied, except
+// uid or gid 0 unless root-owner; special bits stay off, mode-mask applies;
+// chown comes before chmod (chown clears setuid bits, the order matters).
+func TestBatchOwnerModePolicy(t *testing.T) {
+	if !canChown {
+		t.Skip("owners are applied only by a receiver running as root")
+	}
+	for _, tc := range []struct {
+		name      string
+		rootOwner bool
+		mask      uint32
+		files     []ownerCase
+	}{
+		{"owners", false, 0o777, []ownerCase{
+			{"suid", 0o4755, 65534, 65534, 0o755, 65534, 65534},
+			{"root", 0o644, 0, 0, 0o644, 0, 0}, // the receiver's user (root here)
+			{"half-root", 0o640, 0, 65534, 0o640, 0, 0},
+		}},
+		{"root-owner", true, 0o777, []ownerCase{
+			{"suid-root", 0o4755, 0, 0, 0o755, 0, 0},
+			{"grp", 0o2750, 0, 65534, 0o750, 0, 65534},
+		}},
+		{"mask", false, 0o750, []ownerCase{
+			{"open", 0o666, 65534, 65534, 0o640, 65534, 65534},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, b, p := pair(t, func(c *Config) { c.Owners, c.RootOwner, c.ModeMask = true, tc.rootOwner, tc.mask })
+			sendOwners(t, b, newHostileClient(t, p, b.ln.Addr().String()), tc.files)
+		})
 	}
 }

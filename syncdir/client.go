@@ -22,7 +22,7 @@ import (
 // httpError is a non-200 answer from the peer.
 type httpError struct {
 	status int
-	reason string
+	reason Reason
 	msg    string
 }
 
@@ -383,7 +383,7 @@ func (s *Syncer) callInto(ctx context.Context, rt *rootState, op opKind, v url.V
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		var eb struct{ Error, Reason string }
+		var eb errorBody
 		json.NewDecoder(io.LimitReader(resp.Body, 4096)).Decode(&eb)
 		return &httpError{status: resp.StatusCode, reason: eb.Reason, msg: eb.Error}
 	}

@@ -44,6 +44,26 @@ type Config struct {
 	// else is dirty on that filesystem: set 0 (fsyncs only) where the root
 	// shares a filesystem with a busy database.
 	SyncfsMinFiles int `yaml:"syncfs-min-files"`
+	// Owners makes the receiver give files the owner (uid, gid) the sender
+	// sent (default false: files belong to the user roled runs as). Only
+	// effective when roled runs as root.
+	Owners bool `yaml:"owners"`
+	// RootOwner lets Owners give a file to uid 0 or gid 0 (default false:
+	// such a file keeps the receiver's user, as with Owners off).
+	RootOwner bool `yaml:"root-owner"`
+	// ModeMask is the set of permission bits kept from the mode the sender
+	// sent, as an octal number of at most 0777 (default 0777: rwx for
+	// user, group and others as sent). Setuid, setgid and sticky bits are
+	// never applied, whatever the mask.
+	ModeMask uint32 `yaml:"mode-mask"`
+	// ManifestMaxEntries is the most entries the receiver takes in one
+	// manifest (a full compare lists every path of the root; default
+	// 8,000,000). A bigger one is refused with 413 once the limit is read.
+	ManifestMaxEntries int `yaml:"manifest-max-entries"`
+	// ManifestMaxBytes is the largest manifest body the receiver reads, in
+	// bytes (default 268435456, 256 MiB). Manifests are decoded one entry
+	// at a time, so the receiver holds the paths it needs, not the body.
+	ManifestMaxBytes int64 `yaml:"manifest-max-bytes"`
 	// RetryMin and RetryMax bound the backoff after a failed request.
 	RetryMin time.Duration `yaml:"retry-min"`
 	RetryMax time.Duration `yaml:"retry-max"`
@@ -70,14 +90,17 @@ var DefaultExcludes = []string{"*.tmp", "*.swp", "cache/", "tmp/", "logs/"}
 // DefaultConfig returns the defaults; roots and peer must be filled in.
 func DefaultConfig() Config {
 	return Config{
-		Listen:            ":7402",
-		StateDir:          "/var/lib/hapair/sync",
-		Debounce:          2 * time.Millisecond,
-		ReconcileInterval: 10 * time.Minute,
-		Concurrency:       32,
-		SyncfsMinFiles:    16,
-		RetryMin:          200 * time.Millisecond,
-		RetryMax:          10 * time.Second,
+		Listen:             ":7402",
+		StateDir:           "/var/lib/hapair/sync",
+		Debounce:           2 * time.Millisecond,
+		ReconcileInterval:  10 * time.Minute,
+		Concurrency:        32,
+		SyncfsMinFiles:     16,
+		ModeMask:           0o777,
+		ManifestMaxEntries: 8_000_000,
+		ManifestMaxBytes:   256 << 20,
+		RetryMin:           200 * time.Millisecond,
+		RetryMax:           10 * time.Second,
 	}
 }
 
@@ -152,6 +175,15 @@ func (c *Config) validateTimings() error {
 	}
 	if c.SyncfsMinFiles < 0 {
 		return config.Errorf(field("syncfs-min-files"), c.SyncfsMinFiles, "must be 0 (never) or more")
+	}
+	if c.ModeMask > 0o777 {
+		return config.Errorf(field("mode-mask"), fmt.Sprintf("%#o", c.ModeMask), "must be permission bits only (at most 0777)")
+	}
+	if c.ManifestMaxEntries < 1 {
+		return config.Errorf(field("manifest-max-entries"), c.ManifestMaxEntries, "must be at least 1")
+	}
+	if c.ManifestMaxBytes < 1<<10 {
+		return config.Errorf(field("manifest-max-bytes"), c.ManifestMaxBytes, "must be at least 1024 (bytes)")
 	}
 	if c.RetryMin <= 0 {
 		return config.Errorf(field("retry-min"), c.RetryMin, "must be positive")

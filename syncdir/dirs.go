@@ -21,9 +21,38 @@ import (
 type dirSet struct {
 	rt  *rootState
 	fds map[string]*os.File
+	// above maps a directory found missing while the batch is read to the
+	// one its files are prepared in (prepDir): nothing is made before
+	// commit, so the answer holds until then.
+	above map[string]string
 }
 
-func newDirSet(rt *rootState) *dirSet { return &dirSet{rt: rt, fds: map[string]*os.File{}} }
+func newDirSet(rt *rootState) *dirSet {
+	return &dirSet{rt: rt, fds: map[string]*os.File{}, above: map[string]string{}}
+}
+
+// prepDir returns the directory to prepare q's file in while its own
+// directory is missing: see Syncer.prepDir.
+func (d *dirSet) prepDir(s *Syncer, q request) (*os.File, error) {
+	dir := path.Dir(q.path)
+	if a, ok := d.above[dir]; ok {
+		return d.fds[a], nil
+	}
+	f, rel, err := s.prepDir(d.rt, q, q.path)
+	if err != nil {
+		return nil, err
+	}
+	if old := d.fds[rel]; old != nil {
+		f.Close()
+		f = old
+	} else {
+		d.fds[rel] = f
+	}
+	if rel != dir {
+		d.above[dir] = rel
+	}
+	return f, nil
+}
 
 // open returns dir (slash-separated, relative to the root, "." for the
 // root) opened as a directory; it fails when dir is missing or any of its
@@ -138,27 +167,6 @@ func setMtime(f *os.File, mtime int64) error {
 	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, f.Fd(), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0)
 	if errno != 0 {
 		return &os.PathError{Op: "futimens", Path: f.Name(), Err: errno}
-	}
-	return nil
-}
-
-// existsIn reports whether name exists in the directory d (not following a
-// symlink).
-func existsIn(d *os.File, name string) (bool, error) {
-	var st unix.Stat_t
-	err := unix.Fstatat(int(d.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
-	switch {
-	case err == nil:
-		return true, nil
-	case errors.Is(err, unix.ENOENT):
-		return false, nil
-	}
-	return false, &os.PathError{Op: "fstatat", Path: name, Err: err}
-}
-
-func renameIn(d *os.File, from, to string) error {
-	if err := unix.Renameat(int(d.Fd()), from, int(d.Fd()), to); err != nil {
-		return &os.LinkError{Op: "renameat", Old: from, New: to, Err: err}
 	}
 	return nil
 }

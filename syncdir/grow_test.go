@@ -161,6 +161,8 @@ func TestGrowingFileStreamedBeforeClose(t *testing.T) {
 	if n := rejected(b.s, "source-changed"); n != 0 {
 		t.Fatalf("an honest stream was refused %d times", n)
 	}
+	// Counted once durable, a moment after the name shows.
+	eventually(t, 10*time.Second, "the stream to be counted", func() bool { return b.s.st.filesReceived.Load() > 0 })
 	if n := b.s.st.filesReceived.Load(); n != 1 {
 		t.Fatalf("received %d files, want the one stream", n)
 	}

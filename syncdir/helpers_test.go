@@ -138,6 +138,9 @@ type node struct {
 
 type pairOpt func(*Config)
 
+// withOwners makes the receiver apply the sender's owners (as root).
+func withOwners(c *Config) { c.Owners = true }
+
 // listen reserves an address for a node before its Syncer exists.
 func listen(t testing.TB) net.Listener {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -332,7 +332,8 @@ func TestExampleConfig(t *testing.T) {
 	if err := config.Decode(b, &doc); err != nil {
 		t.Fatal(err)
 	}
-	if len(doc.Sync.Roots) != 2 || doc.Sync.Peer != "b.example:7402" || doc.Sync.Debounce != 2*time.Millisecond {
+	if len(doc.Sync.Roots) != 2 || doc.Sync.Peer != "b.example:7402" || doc.Sync.Debounce != 2*time.Millisecond ||
+		doc.Sync.ModeMask != 0o777 || doc.Sync.ManifestMaxBytes != 256<<20 {
 		t.Fatalf("example decoded to %+v", doc.Sync)
 	}
 	doc.Sync.TLS = config.TLS{}

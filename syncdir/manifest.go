@@ -2,6 +2,7 @@ package syncdir
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -103,35 +104,74 @@ func (m mEntry) equal(o mEntry, owners bool) bool {
 	return m.L == o.L
 }
 
-func (s *Syncer) recvManifest(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
-	var req manifestReq
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxManifest)).Decode(&req); err != nil {
-		return refuse("bad-request", http.StatusBadRequest, "bad manifest: %v", err)
+// asApplied is the sender's entry e as this receiver would have applied
+// it (applyPolicy), so a mode or owner the policy changes does not make
+// the file differ at every reconcile.
+func (s *Syncer) asApplied(e mEntry) mEntry {
+	if e.K != "l" {
+		e.O = s.policyMode(e.O)
 	}
+	return e
+}
+
+// recvManifest compares the sender's manifest with the local tree. The
+// body is decoded one entry at a time, bounded in entries and bytes
+// (manifest-max-entries, manifest-max-bytes; finding 7): what is kept is
+// the local scan (this node's own tree), the paths to answer, and a mark
+// per local path the sender listed.
+func (s *Syncer) recvManifest(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
 	local, err := scanTree(rt.root, rt.ex)
 	if err != nil {
 		return fmt.Errorf("scan: %w", err)
 	}
-	sent := make(map[string]bool, len(req.Entries))
+	sent := make(map[string]bool, len(local)) // local paths the sender listed
 	resp := manifestResp{Need: []string{}, Extra: []string{}}
-	for _, e := range req.Entries {
+	var agreed []string
+	err = s.readManifest(w, r, func(e mEntry) error {
 		p, err := checkPath(e.P)
 		if err != nil {
 			return err
 		}
-		sent[p] = true
-		if l, ok := local[p]; ok && l.m.equal(e, canChown) {
-			rt.rec.set(p, l.ent) // both sides agree: this copy is confirmed
-			continue
+		l, ok := local[p]
+		if ok {
+			sent[p] = true
+		}
+		// Equal attributes confirm a directory or a link (its target is
+		// its content), but a file only if the record already proves it:
+		// size and mtime are no proof of content (finding 3). An unproven
+		// file is asked for again; install replaces it without quarantine
+		// if it has the same bytes.
+		if ok && l.m.equal(s.asApplied(e), s.wantOwner(e.U, e.G)) && (l.ent.Kind != 'f' || s.confirmed(rt, p, l.ent)) {
+			agreed = append(agreed, p)
+			return nil
 		}
 		if !rt.ex.matchAny(p, e.K == "d") {
 			resp.Need = append(resp.Need, p)
 		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// Marking copies confirmed is a change too: only a fully read manifest
+	// does it, inside the fence.
+	release, err := s.holdFence(q)
+	if err != nil {
+		return err
+	}
+	for _, p := range agreed {
+		rt.rec.set(p, local[p].ent) // both sides agree: this copy is confirmed
+	}
+	release()
+	if err := rt.rec.commit(); err != nil {
+		return err
 	}
 	for p := range local {
 		if sent[p] {
 			continue
 		}
+		// A local path is extra when its directory was listed (a path
+		// whose directory is missing on the sender goes with it).
 		if d := path.Dir(p); d == "." || sent[d] {
 			resp.Extra = append(resp.Extra, p)
 		}
@@ -140,4 +180,57 @@ func (s *Syncer) recvManifest(w http.ResponseWriter, r *http.Request, rt *rootSt
 	sort.Strings(resp.Extra)
 	w.Header().Set("Content-Type", "application/json")
 	return json.NewEncoder(w).Encode(resp)
+}
+
+// readManifest decodes the body {"entries":[...]} and calls each for
+// every entry, in order, within the configured bounds.
+func (s *Syncer) readManifest(w http.ResponseWriter, r *http.Request, each func(mEntry) error) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.cfg.ManifestMaxBytes))
+	bad := func(err error) error {
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			return refuse(ReasonTooLarge, http.StatusRequestEntityTooLarge, "manifest over %d bytes", mbe.Limit)
+		}
+		return refuse(ReasonBadRequest, http.StatusBadRequest, "bad manifest: %v", err)
+	}
+	delim := func(want json.Delim) error {
+		t, err := dec.Token()
+		if err != nil {
+			return bad(err)
+		}
+		if d, ok := t.(json.Delim); !ok || d != want {
+			return bad(fmt.Errorf("want %v, got %v", want, t))
+		}
+		return nil
+	}
+	if err := delim('{'); err != nil {
+		return err
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return bad(err)
+		}
+		if k, _ := t.(string); k != "entries" {
+			return bad(fmt.Errorf("unknown field %v", t))
+		}
+		if err := delim('['); err != nil {
+			return err
+		}
+		for n := 0; dec.More(); n++ {
+			if n == s.cfg.ManifestMaxEntries {
+				return refuse(ReasonTooLarge, http.StatusRequestEntityTooLarge, "manifest of more than %d entries", n)
+			}
+			var e mEntry
+			if err := dec.Decode(&e); err != nil {
+				return bad(err)
+			}
+			if err := each(e); err != nil {
+				return err
+			}
+		}
+		if err := delim(']'); err != nil {
+			return err
+		}
+	}
+	return delim('}')
 }

@@ -20,6 +20,7 @@ type Metrics struct {
 	quarantined   prometheus.Counter
 	inQuarantine  *prometheus.GaugeVec
 	reconciles    prometheus.Counter
+	staleTemps    prometheus.Counter
 	errors        *prometheus.CounterVec
 	rejected      *prometheus.CounterVec
 }
@@ -43,6 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		bytesReceived: c("received_bytes_total", "File content bytes written by the receiver."),
 		quarantined:   c("quarantined_files_total", "Local files moved to the quarantine before being overwritten or deleted."),
 		reconciles:    c("reconciles_total", "Full compares with the peer completed."),
+		staleTemps:    c("stale_temp_files_removed_total", "Temp files of an earlier run (a crashed or killed receiver) removed at start."),
 		inQuarantine: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "hapair_sync_quarantine_files", Help: "Files present in the quarantine folder, by root (recounted every few seconds).",
 		}, []string{"root"}),
@@ -55,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.queueDepth, m.lag, m.highestEpoch, m.sending, m.filesSent, m.bytesSent,
-			m.filesReceived, m.bytesReceived, m.quarantined, m.inQuarantine, m.reconciles, m.errors, m.rejected)
+			m.filesReceived, m.bytesReceived, m.quarantined, m.inQuarantine, m.reconciles, m.staleTemps, m.errors, m.rejected)
 	}
 	return m
 }
@@ -77,10 +79,10 @@ func (s *Syncer) countError(kind string) {
 	s.st.mu.Unlock()
 }
 
-func (s *Syncer) countRejected(reason string) {
-	s.m.rejected.WithLabelValues(reason).Inc()
+func (s *Syncer) countRejected(reason Reason) {
+	s.m.rejected.WithLabelValues(string(reason)).Inc()
 	s.st.mu.Lock()
-	s.st.rejected[reason]++
+	s.st.rejected[string(reason)]++
 	s.st.mu.Unlock()
 }
 

@@ -83,14 +83,14 @@ type request struct {
 
 // refusal is an error with a reason label for the rejected-requests metric.
 type refusal struct {
-	reason string
+	reason Reason
 	status int
 	msg    string
 }
 
-func (r *refusal) Error() string { return "syncdir: refused (" + r.reason + "): " + r.msg }
+func (r *refusal) Error() string { return "syncdir: refused (" + string(r.reason) + "): " + r.msg }
 
-func refuse(reason string, status int, format string, args ...any) error {
+func refuse(reason Reason, status int, format string, args ...any) error {
 	return &refusal{reason: reason, status: status, msg: fmt.Sprintf(format, args...)}
 }
 
@@ -100,11 +100,11 @@ func decodeRequest(r *http.Request) (request, error) {
 	var q request
 	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/")
 	if !ok {
-		return q, refuse("bad-request", http.StatusNotFound, "unknown endpoint %q", r.URL.Path)
+		return q, refuse(ReasonBadRequest, http.StatusNotFound, "unknown endpoint %q", r.URL.Path)
 	}
 	op, root, ok := strings.Cut(rest, "/")
 	if !ok || !validRootName(root) {
-		return q, refuse("bad-request", http.StatusNotFound, "unknown endpoint %q", r.URL.Path)
+		return q, refuse(ReasonBadRequest, http.StatusNotFound, "unknown endpoint %q", r.URL.Path)
 	}
 	q.op, q.root = opKind(op), root
 	want := http.MethodPost
@@ -113,21 +113,21 @@ func decodeRequest(r *http.Request) (request, error) {
 		want = http.MethodPut
 	case opMkdir, opDelete, opRename, opSymlink, opManifest:
 	default:
-		return q, refuse("bad-request", http.StatusNotFound, "unknown operation %q", op)
+		return q, refuse(ReasonBadRequest, http.StatusNotFound, "unknown operation %q", op)
 	}
 	if r.Method != want {
-		return q, refuse("bad-request", http.StatusMethodNotAllowed, "%s needs %s", op, want)
+		return q, refuse(ReasonBadRequest, http.StatusMethodNotAllowed, "%s needs %s", op, want)
 	}
 	if err := decodeFence(r, &q); err != nil {
 		return q, err
 	}
 	v, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
-		return q, refuse("bad-request", http.StatusBadRequest, "bad query: %v", err)
+		return q, refuse(ReasonBadRequest, http.StatusBadRequest, "bad query: %v", err)
 	}
 	for k, vs := range v {
 		if len(vs) != 1 {
-			return q, refuse("bad-request", http.StatusBadRequest, "parameter %q given %d times", k, len(vs))
+			return q, refuse(ReasonBadRequest, http.StatusBadRequest, "parameter %q given %d times", k, len(vs))
 		}
 	}
 	if q.op == opBatch {
@@ -138,9 +138,9 @@ func decodeRequest(r *http.Request) (request, error) {
 		case s == "1":
 			q.stream, q.size = true, -1
 		case s != "":
-			return q, refuse("bad-request", http.StatusBadRequest, "bad stream %q", s)
+			return q, refuse(ReasonBadRequest, http.StatusBadRequest, "bad stream %q", s)
 		case r.ContentLength < 0:
-			return q, refuse("bad-request", http.StatusLengthRequired, "put needs Content-Length")
+			return q, refuse(ReasonBadRequest, http.StatusLengthRequired, "put needs Content-Length")
 		default:
 			q.size = r.ContentLength
 		}
@@ -151,19 +151,36 @@ func decodeRequest(r *http.Request) (request, error) {
 func decodeFence(r *http.Request, q *request) error {
 	e := r.Header.Values(hdrEpoch)
 	if len(e) != 1 {
-		return refuse("no-epoch", http.StatusBadRequest, "exactly one %s header required", hdrEpoch)
+		return refuse(ReasonNoEpoch, http.StatusBadRequest, "exactly one %s header required", hdrEpoch)
 	}
-	n, err := strconv.ParseInt(e[0], 10, 64)
-	if err != nil || n <= 0 {
-		return refuse("no-epoch", http.StatusBadRequest, "bad %s %q", hdrEpoch, e[0])
+	n, ok := parseEpoch(e[0])
+	if !ok {
+		return refuse(ReasonNoEpoch, http.StatusBadRequest, "bad %s %q", hdrEpoch, e[0])
 	}
 	q.epoch = n
 	nodes := r.Header.Values(hdrNode)
 	if len(nodes) != 1 || !validNode(nodes[0]) {
-		return refuse("no-node", http.StatusBadRequest, "exactly one valid %s header required", hdrNode)
+		return refuse(ReasonNoNode, http.StatusBadRequest, "exactly one valid %s header required", hdrNode)
 	}
 	q.node = nodes[0]
 	return nil
+}
+
+// parseEpoch accepts only the canonical decimal form of a positive epoch:
+// digits, no sign, no leading zero, no spaces, within int64. Anything
+// else ("+10", "010", "-1", "0") is not an epoch any sender writes, and
+// two spellings of one number must not exist on a fencing header.
+func parseEpoch(s string) (int64, bool) {
+	if s == "" || len(s) > 19 || s[0] == '0' {
+		return 0, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil
 }
 
 // decodeArgs reads the arguments of one operation from v: the query of a
@@ -171,7 +188,7 @@ func decodeFence(r *http.Request, q *request) error {
 func decodeArgs(v url.Values, q *request) error {
 	if q.op == opManifest {
 		if len(v) != 0 {
-			return refuse("bad-request", http.StatusBadRequest, "manifest takes no parameters")
+			return refuse(ReasonBadRequest, http.StatusBadRequest, "manifest takes no parameters")
 		}
 		return nil
 	}
@@ -194,7 +211,7 @@ func decodeArgs(v url.Values, q *request) error {
 			return err
 		}
 		if q.mtime, err = strconv.ParseInt(v.Get("mtime"), 10, 64); err != nil {
-			return refuse("bad-request", http.StatusBadRequest, "bad mtime %q", v.Get("mtime"))
+			return refuse(ReasonBadRequest, http.StatusBadRequest, "bad mtime %q", v.Get("mtime"))
 		}
 	case opMkdir:
 		allowed["mode"] = true
@@ -210,12 +227,12 @@ func decodeArgs(v url.Values, q *request) error {
 		allowed["target"] = true
 		q.target = v.Get("target")
 		if q.target == "" || len(q.target) > maxPathLen || strings.IndexByte(q.target, 0) >= 0 {
-			return refuse("bad-path", http.StatusBadRequest, "bad symlink target")
+			return refuse(ReasonBadPath, http.StatusBadRequest, "bad symlink target")
 		}
 	}
 	for k := range v {
 		if !allowed[k] {
-			return refuse("bad-request", http.StatusBadRequest, "unknown parameter %q", k)
+			return refuse(ReasonBadRequest, http.StatusBadRequest, "unknown parameter %q", k)
 		}
 	}
 	return nil
@@ -230,7 +247,7 @@ func decodeOwner(v url.Values, q *request) error {
 	uid, err1 := strconv.ParseUint(u, 10, 32)
 	gid, err2 := strconv.ParseUint(g, 10, 32)
 	if err1 != nil || err2 != nil {
-		return refuse("bad-request", http.StatusBadRequest, "bad uid/gid %q/%q", u, g)
+		return refuse(ReasonBadRequest, http.StatusBadRequest, "bad uid/gid %q/%q", u, g)
 	}
 	q.owner, q.uid, q.gid = true, uint32(uid), uint32(gid)
 	return nil
@@ -239,7 +256,7 @@ func decodeOwner(v url.Values, q *request) error {
 func parseMode(s string) (uint32, error) {
 	m, err := strconv.ParseUint(s, 8, 32)
 	if err != nil || m > 0o7777 {
-		return 0, refuse("bad-request", http.StatusBadRequest, "bad mode %q", s)
+		return 0, refuse(ReasonBadRequest, http.StatusBadRequest, "bad mode %q", s)
 	}
 	return uint32(m), nil
 }
@@ -251,31 +268,31 @@ func parseMode(s string) (uint32, error) {
 func checkPath(p string) (string, error) {
 	switch {
 	case p == "" || p == ".":
-		return "", refuse("bad-path", http.StatusBadRequest, "empty path")
+		return "", refuse(ReasonBadPath, http.StatusBadRequest, "empty path")
 	case strings.IndexByte(p, 0) >= 0:
-		return "", refuse("nul", http.StatusBadRequest, "NUL byte in path")
+		return "", refuse(ReasonNUL, http.StatusBadRequest, "NUL byte in path")
 	case len(p) > maxPathLen:
-		return "", refuse("bad-path", http.StatusBadRequest, "path longer than %d bytes", maxPathLen)
+		return "", refuse(ReasonBadPath, http.StatusBadRequest, "path longer than %d bytes", maxPathLen)
 	case strings.HasPrefix(p, "/"):
-		return "", refuse("absolute", http.StatusBadRequest, "absolute path %q", p)
+		return "", refuse(ReasonAbsolute, http.StatusBadRequest, "absolute path %q", p)
 	}
 	for _, c := range strings.Split(p, "/") {
 		switch {
 		case c == "..":
-			return "", refuse("traversal", http.StatusBadRequest, "'..' in path %q", p)
+			return "", refuse(ReasonTraversal, http.StatusBadRequest, "'..' in path %q", p)
 		case c == "" || c == ".":
-			return "", refuse("bad-path", http.StatusBadRequest, "path %q is not clean", p)
+			return "", refuse(ReasonBadPath, http.StatusBadRequest, "path %q is not clean", p)
 		case len(c) > maxNameLen:
-			return "", refuse("bad-path", http.StatusBadRequest, "name longer than %d bytes", maxNameLen)
+			return "", refuse(ReasonBadPath, http.StatusBadRequest, "name longer than %d bytes", maxNameLen)
 		case strings.HasPrefix(c, tempPrefix):
-			return "", refuse("reserved", http.StatusBadRequest, "reserved name %q", c)
+			return "", refuse(ReasonReserved, http.StatusBadRequest, "reserved name %q", c)
 		}
 	}
 	if path.Clean(p) != p {
-		return "", refuse("bad-path", http.StatusBadRequest, "path %q is not clean", p)
+		return "", refuse(ReasonBadPath, http.StatusBadRequest, "path %q is not clean", p)
 	}
 	if first, _, _ := strings.Cut(p, "/"); first == quarantineDir {
-		return "", refuse("reserved", http.StatusBadRequest, "path %q is inside the quarantine", p)
+		return "", refuse(ReasonReserved, http.StatusBadRequest, "path %q is inside the quarantine", p)
 	}
 	return p, nil
 }

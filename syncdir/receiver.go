@@ -49,7 +49,7 @@ func (s *Syncer) admit(r *http.Request) (request, *rootState, error) {
 	if s.token != "" {
 		got := r.Header.Get(hdrToken)
 		if subtle.ConstantTimeCompare([]byte(got), []byte("Bearer "+s.token)) != 1 {
-			return request{}, nil, refuse("auth", http.StatusUnauthorized, "missing or wrong bearer token")
+			return request{}, nil, refuse(ReasonAuth, http.StatusUnauthorized, "missing or wrong bearer token")
 		}
 	}
 	q, err := decodeRequest(r)
@@ -58,28 +58,24 @@ func (s *Syncer) admit(r *http.Request) (request, *rootState, error) {
 	}
 	rt := s.rootByName[q.root]
 	if rt == nil || rt.root == nil {
-		return q, nil, refuse("unknown-root", http.StatusNotFound, "no root %q here", q.root)
+		return q, nil, refuse(ReasonUnknownRoot, http.StatusNotFound, "no root %q here", q.root)
 	}
 	if h := s.epochs.get(); q.epoch < h {
-		return q, nil, refuse("stale-epoch", http.StatusConflict, "epoch %d from %s is below %d", q.epoch, q.node, h)
+		return q, nil, refuse(ReasonStaleEpoch, http.StatusConflict, "epoch %d from %s is below %d", q.epoch, q.node, h)
 	}
 	if s.fence.Holding() {
-		return q, nil, refuse("holding", http.StatusConflict, "this node is or is becoming ACTIVE")
+		return q, nil, refuse(ReasonHolding, http.StatusConflict, "this node is or is becoming ACTIVE")
 	}
-	ok, err := s.epochs.admit(q.epoch)
-	if err != nil {
-		return q, nil, err
-	}
-	if !ok {
-		return q, nil, refuse("stale-epoch", http.StatusConflict, "epoch %d from %s is below %d", q.epoch, q.node, s.epochs.get())
-	}
-	s.m.highestEpoch.Set(float64(s.epochs.get()))
+	// The epoch is not recorded here: only the first change of a request
+	// that passed every check does that (holdFence), so a request refused
+	// later (an excluded path, a bad body) never locks its betters out.
+	s.applyPolicy(&q)
 	return q, rt, nil
 }
 
 func (s *Syncer) apply(w http.ResponseWriter, r *http.Request, rt *rootState, q request) error {
 	if q.op != opManifest && q.op != opBatch && (rt.ex.matchAny(q.path, q.op == opMkdir) || (q.to != "" && rt.ex.matchAny(q.to, false))) {
-		return refuse("excluded", http.StatusBadRequest, "path %q is excluded here", q.path)
+		return refuse(ReasonExcluded, http.StatusBadRequest, "path %q is excluded here", q.path)
 	}
 	switch q.op {
 	case opPut:
@@ -97,17 +93,17 @@ func (s *Syncer) apply(w http.ResponseWriter, r *http.Request, rt *rootState, q 
 	case opBatch:
 		return s.recvBatch(w, r, rt, q)
 	}
-	return refuse("bad-request", http.StatusNotFound, "unknown operation")
+	return refuse(ReasonBadRequest, http.StatusNotFound, "unknown operation")
 }
 
 // fail answers an error, counting refusals by reason and failures by kind.
 func (s *Syncer) fail(w http.ResponseWriter, r *http.Request, q request, err error) {
 	var rf *refusal
-	status, reason := http.StatusInternalServerError, ""
+	status, reason := http.StatusInternalServerError, Reason("")
 	if errors.As(err, &rf) {
 		status, reason = rf.status, rf.reason
 		s.countRejected(reason)
-		s.lg.Warn("sync request refused", zap.String("reason", reason), zap.String("op", string(q.op)),
+		s.lg.Warn("sync request refused", zap.String("reason", string(reason)), zap.String("op", string(q.op)),
 			zap.String("path", q.path), zap.String("from", r.RemoteAddr), zap.Int64("epoch", q.epoch), zap.Error(err))
 	} else {
 		kind := errKind(err)
@@ -120,7 +116,7 @@ func (s *Syncer) fail(w http.ResponseWriter, r *http.Request, q request, err err
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]string{"error": err.Error(), "reason": reason})
+	json.NewEncoder(w).Encode(errorBody{Error: err.Error(), Reason: reason})
 }
 
 func errKind(err error) string {
@@ -135,10 +131,11 @@ func errKind(err error) string {
 	return "io"
 }
 
-// setOwner applies the sender's owner when it sent one and we are root.
-// It runs before the mode is set: chown clears setuid bits.
+// setOwner gives the new file the sender's owner when the owner policy
+// allows it (applyPolicy cleared q.owner otherwise). It runs before the
+// mode is set: chown clears setuid bits.
 func setOwner(chown func(uid, gid int) error, q request) error {
-	if !q.owner || !canChown {
+	if !q.owner {
 		return nil
 	}
 	if err := chown(int(q.uid), int(q.gid)); err != nil {
@@ -153,15 +150,31 @@ func tempName(dir string) string {
 	return path.Join(dir, tempPrefix+hex.EncodeToString(b[:]))
 }
 
+// prepDir opens the directory to prepare rel's content in, out of sight
+// under a temp name (or unnamed): rel's parent, or while that is missing,
+// the nearest directory above it that exists, on the same file system as
+// the directories install will make below it. So nothing, not even a
+// directory, appears before install (finding 4: a refused or cut request
+// leaves no empty directory). dirRel is the directory opened.
+func (s *Syncer) prepDir(rt *rootState, q request, rel string) (d *os.File, dirRel string, err error) {
+	for {
+		d, err := s.parentOf(rt, q, rel, false)
+		if !errors.Is(err, errNoParent) {
+			return d, path.Dir(rel), err
+		}
+		rel = path.Dir(rel)
+	}
+}
+
 func (s *Syncer) recvPut(r *http.Request, rt *rootState, q request) error {
-	if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
+	tmpDir, dirRel, err := s.prepDir(rt, q, q.path)
+	if err != nil {
 		return err
 	}
-	dir := path.Dir(q.path)
-	tmp := tempName(dir)
-	f, err := rt.root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	defer tmpDir.Close()
+	f, tmp, err := createIn(tmpDir, 0o600)
 	if err != nil {
-		return fmt.Errorf("create temp: %w", err)
+		return err
 	}
 	start := time.Now()
 	err = setOwner(f.Chown, q)
@@ -172,54 +185,47 @@ func (s *Syncer) recvPut(r *http.Request, rt *rootState, q request) error {
 		ce.Write(zap.String("path", q.path), zap.Int64("size", q.size), zap.Bool("stream", q.stream),
 			zap.Time("start", start), zap.Duration("took", time.Since(start)))
 	}
+	if err == nil {
+		err = setMtime(f, q.mtime)
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		t := time.Unix(0, q.mtime)
-		err = rt.root.Chtimes(tmp, t, t)
-	}
-	return s.install(rt, q, tmp, err, q.size)
-}
-
-// install puts the prepared temp file (or link) tmp in place of q.path: the
-// local file it replaces is quarantined first when the peer never had it,
-// the rename is made durable, and the path is recorded as received. prepErr
-// is the error of preparing tmp; on any error tmp is removed.
-func (s *Syncer) install(rt *rootState, q request, tmp string, prepErr error, size int64) error {
-	err := prepErr
-	if err == nil {
-		err = s.stillAdmitted(q)
-	}
-	if err == nil {
-		err = s.makeRoom(rt, q.path, q.epoch, false)
-	}
-	if err == nil {
-		err = rt.root.Rename(tmp, q.path)
+		err = s.place(rt, q, tmpDir, dirRel, tmp)
 	}
 	if err != nil {
-		rt.root.Remove(tmp)
+		unix.Unlinkat(int(tmpDir.Fd()), tmp, 0)
 		return err
 	}
-	if err := syncRootDir(rt, path.Dir(q.path)); err != nil {
-		return err
-	}
-	s.remember(rt, q.path)
-	s.countReceived(size)
+	s.countReceived(q.size)
 	return nil
 }
 
-// stillAdmitted repeats the fence checks of admit just before a file is
-// installed: a big or streamed file takes long enough to arrive for this
-// node to start taking the active key, or a newer sender to appear, meanwhile.
-func (s *Syncer) stillAdmitted(q request) error {
-	if h := s.epochs.get(); q.epoch < h {
-		return refuse("stale-epoch", http.StatusConflict, "epoch %d from %s fell below %d while the file arrived", q.epoch, q.node, h)
+// place installs the prepared temp file (or link) tmp, in the directory
+// tmpDir (dirRel), as q.path, makes the rename durable and records the
+// path as received.
+func (s *Syncer) place(rt *rootState, q request, tmpDir *os.File, dirRel, tmp string) error {
+	dir := tmpDir
+	if dirRel != path.Dir(q.path) {
+		var err error
+		if dir, err = s.parentOf(rt, q, q.path, true); err != nil {
+			return err
+		}
+		defer dir.Close()
 	}
-	if s.fence.Holding() {
-		return refuse("holding", http.StatusConflict, "this node began taking the active role while the file arrived")
+	t := target{rel: q.path, dir: dir, name: path.Base(q.path)}
+	if q.op == opPut {
+		t.incoming = func() (*os.File, error) { return openIn(tmpDir, tmp) }
 	}
-	return nil
+	err := s.install(rt, q, t, clearAll,
+		func() error { return renameNoReplace(tmpDir, tmp, dir, t.name) },
+		func() error { return renameAt(tmpDir, tmp, dir, t.name) })
+	if err != nil {
+		return err
+	}
+	s.rememberAt(rt, t)
+	return durable(rt, func() error { return syncDirFD(rt, path.Dir(q.path), dir) })
 }
 
 // writeBody copies the body (exactly q.size bytes, or for a stream all of
@@ -251,12 +257,12 @@ func writeBody(f *os.File, body io.Reader, trailer http.Header, q request) (int6
 	// Read to the end so the trailer arrives; a sender that saw its file
 	// change while reading says so there.
 	if _, err := io.CopyN(io.Discard, body, 1); err == nil {
-		return n, q.mtime, refuse("bad-request", http.StatusBadRequest, "body longer than Content-Length")
+		return n, q.mtime, refuse(ReasonBadRequest, http.StatusBadRequest, "body longer than Content-Length")
 	} else if !errors.Is(err, io.EOF) {
 		return n, q.mtime, fmt.Errorf("write: %w", err)
 	}
 	if c := trailer.Get(hdrCommit); (c != "" || q.stream) && c != commitOK {
-		return n, q.mtime, refuse("source-changed", http.StatusConflict, "the file changed while it was sent")
+		return n, q.mtime, refuse(ReasonSourceChanged, http.StatusConflict, "the file changed while it was sent")
 	}
 	mtime, err := streamEnd(trailer, q, n)
 	if err != nil {
@@ -339,11 +345,11 @@ func streamEnd(trailer http.Header, q request, n int64) (int64, error) {
 	}
 	size, err := strconv.ParseInt(trailer.Get(hdrSize), 10, 64)
 	if err != nil || size != n {
-		return 0, refuse("bad-request", http.StatusBadRequest, "stream of %d bytes announced size %q", n, trailer.Get(hdrSize))
+		return 0, refuse(ReasonBadRequest, http.StatusBadRequest, "stream of %d bytes announced size %q", n, trailer.Get(hdrSize))
 	}
 	mtime, err := strconv.ParseInt(trailer.Get(hdrMtime), 10, 64)
 	if err != nil {
-		return 0, refuse("bad-request", http.StatusBadRequest, "bad stream mtime %q", trailer.Get(hdrMtime))
+		return 0, refuse(ReasonBadRequest, http.StatusBadRequest, "bad stream mtime %q", trailer.Get(hdrMtime))
 	}
 	return mtime, nil
 }
@@ -421,11 +427,6 @@ func (w *writeBehind) wait() error {
 	return w.bgErr
 }
 
-// syncRootDir makes the renames in dir durable.
-func syncRootDir(rt *rootState, dir string) error {
-	return groupSync(rt, "dir:"+dir, func() error { return fsyncDir(rt, dir) })
-}
-
 // syncRootFS makes everything written to the root's file system durable
 // with one syncfs(2): for a batch, one journal commit instead of one per
 // file, which also spares every other writer on that file system the
@@ -481,124 +482,117 @@ type dirSync struct {
 	err               error
 }
 
-func fsyncDir(rt *rootState, dir string) error {
-	d, err := rt.root.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync dir: %w", err)
-	}
-	return nil
-}
-
-func (s *Syncer) remember(rt *rootState, rel string) {
-	if fi, err := rt.root.Lstat(rel); err == nil {
-		rt.rec.set(rel, entryOf(fi))
-	}
-}
-
-// ensureParents creates missing parent directories and refuses to go through
-// a symlink: os.Root already keeps us inside the root, this keeps us out of
-// links that point elsewhere inside it too.
-func (s *Syncer) ensureParents(rt *rootState, rel string, epoch int64) error {
-	parts := strings.Split(rel, "/")
-	for i := 1; i < len(parts); i++ {
-		p := strings.Join(parts[:i], "/")
-		fi, err := rt.root.Lstat(p)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			if err := rt.root.Mkdir(p, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-				return err
-			}
-			s.remember(rt, p)
-			continue
-		case err != nil:
-			return err
-		case fi.Mode()&fs.ModeSymlink != 0:
-			return refuse("symlink-parent", http.StatusBadRequest, "parent %q of %q is a symlink", p, rel)
-		case fi.IsDir():
-			continue
-		}
-		if err := s.makeRoom(rt, p, epoch, false); err != nil {
-			return err
-		}
-		if err := rt.root.Mkdir(p, 0o755); err != nil {
-			return err
-		}
-		s.remember(rt, p)
-	}
-	return nil
-}
-
-// makeRoom clears rel so something new can take its place: a directory is
-// emptied (its unconfirmed files quarantined) and removed; a file or link the
-// peer never confirmed is quarantined. A confirmed file is left for the
-// caller's rename to replace atomically. keepDir leaves a directory in place.
-func (s *Syncer) makeRoom(rt *rootState, rel string, epoch int64, keepDir bool) error {
-	fi, err := rt.root.Lstat(rel)
-	if errors.Is(err, fs.ErrNotExist) {
+// makeRoom clears t so something new can take its place: a directory is
+// emptied (what the peer never confirmed quarantined) and removed, unless
+// occ keeps it; a file or link the peer never confirmed is quarantined. A
+// confirmed file is left for the caller's change to replace atomically.
+func (s *Syncer) makeRoom(rt *rootState, t target, epoch int64, occ occupant) error {
+	e, err := statAt(t.dir, t.name)
+	if errors.Is(err, unix.ENOENT) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if fi.IsDir() {
-		if keepDir {
+	if e.Kind == 'd' {
+		if occ == keepDir {
 			return nil
 		}
-		return s.clearTree(rt, rel, epoch)
+		return s.clearTree(rt, t, epoch)
 	}
-	if s.confirmed(rt, rel, fi) {
+	if s.confirmed(rt, t.rel, e) || e.Kind == 'f' && sameBytes(t) {
+		if occ == removeAll {
+			rt.rec.removeTree(t.rel)
+			return unlinkIn(t.dir, t.name, t.rel, false)
+		}
 		return nil
 	}
-	return s.quarantine(rt, rel, epoch)
+	return s.quarantine(rt, t.dir, t.name, t.rel, epoch)
 }
 
-func (s *Syncer) confirmed(rt *rootState, rel string, fi fs.FileInfo) bool {
+func (s *Syncer) confirmed(rt *rootState, rel string, local entry) bool {
 	e, ok := rt.rec.get(rel)
-	return ok && e.sameContent(entryOf(fi))
+	return ok && e.proves(local)
 }
 
-// clearTree removes the directory rel after quarantining every file in it
-// that the peer never confirmed.
-func (s *Syncer) clearTree(rt *rootState, rel string, epoch int64) error {
-	var unconfirmed []string
-	err := fs.WalkDir(rt.root.FS(), rel, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if rt.ex.match(p, d.IsDir()) {
-			if d.IsDir() {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		if d.IsDir() {
-			return nil
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if !s.confirmed(rt, p, fi) {
-			unconfirmed = append(unconfirmed, p)
-		}
-		return nil
-	})
+// clearTree removes the directory t after quarantining every entry in it
+// that the peer never confirmed, excluded ones included: an excluded name
+// (*.tmp, cache/, logs/ ...) never travels, so it can only be this node's
+// own data (finding 2). Only our own temp files go without quarantine.
+// It works on descriptors all the way down (finding 9): a directory
+// swapped for a link meanwhile is not followed.
+func (s *Syncer) clearTree(rt *rootState, t target, epoch int64) error {
+	d, err := openSubdir(t.dir, t.name, t.rel)
+	if err != nil {
+		return err
+	}
+	err = s.clearDir(rt, d, t.rel, epoch)
+	d.Close()
+	if err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(int(t.dir.Fd()), t.name, unix.AT_REMOVEDIR); err != nil {
+		return &os.PathError{Op: "rmdir", Path: t.rel, Err: err}
+	}
+	rt.rec.removeTree(t.rel)
+	return nil
+}
+
+// clearDir empties the directory d (at rel); see clearTree.
+func (s *Syncer) clearDir(rt *rootState, d *os.File, rel string, epoch int64) error {
+	names, err := d.Readdirnames(-1)
 	if err != nil {
 		return fmt.Errorf("scan %s: %w", rel, err)
 	}
-	for _, p := range unconfirmed {
-		if err := s.quarantine(rt, p, epoch); err != nil {
+	for _, name := range names {
+		p := path.Join(rel, name)
+		e, err := statAt(d, name)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		switch {
+		case reserved(p): // a temp file of ours: nobody's data
+			err = unlinkIn(d, name, p, false)
+		case rt.ex.match(p, e.Kind == 'd'), e.Kind != 'd' && !s.confirmed(rt, p, e):
+			err = s.quarantine(rt, d, name, p, epoch) // a directory goes as a whole
+		case e.Kind == 'd':
+			var sub *os.File
+			if sub, err = openSubdir(d, name, p); err == nil {
+				err = s.clearDir(rt, sub, p, epoch)
+				sub.Close()
+			}
+			if err == nil {
+				err = unlinkIn(d, name, p, true)
+			}
+		default:
+			err = unlinkIn(d, name, p, false)
+		}
+		if err != nil {
 			return err
 		}
 	}
-	if err := rt.root.RemoveAll(rel); err != nil {
-		return err
+	return nil
+}
+
+func openSubdir(d *os.File, name, rel string) (*os.File, error) {
+	fd, err := unix.Openat(int(d.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "openat", Path: rel, Err: err}
 	}
-	rt.rec.removeTree(rel)
+	return os.NewFile(uintptr(fd), rel), nil
+}
+
+func unlinkIn(d *os.File, name, rel string, dir bool) error {
+	flags := 0
+	if dir {
+		flags = unix.AT_REMOVEDIR
+	}
+	if err := unix.Unlinkat(int(d.Fd()), name, flags); err != nil && !errors.Is(err, unix.ENOENT) {
+		return &os.PathError{Op: "unlinkat", Path: rel, Err: err}
+	}
 	return nil
 }
 
@@ -611,21 +605,36 @@ type QuarantinedFile struct {
 	At    time.Time `json:"at"`
 }
 
-func (s *Syncer) quarantine(rt *rootState, rel string, epoch int64) error {
-	base := path.Join(quarantineDir, strconv.FormatInt(epoch, 10), rel)
-	if err := rt.root.MkdirAll(path.Dir(base), 0o700); err != nil {
+// quarantine moves the entry name of the directory d (at rel) to
+// <root>/.hapair-quarantine/<epoch>/<rel>, by descriptors; a name taken
+// there by an earlier one gets a suffix .1, .2, ...
+func (s *Syncer) quarantine(rt *rootState, d *os.File, name, rel string, epoch int64) error {
+	qd, qrel, err := quarantineDirFor(rt, epoch, path.Dir(rel))
+	if err != nil {
 		return fmt.Errorf("quarantine: %w", err)
 	}
-	dst := base
+	defer qd.Close()
+	dst := name
 	for i := 1; ; i++ {
-		if _, err := rt.root.Lstat(dst); errors.Is(err, fs.ErrNotExist) {
+		err := renameNoReplace(d, name, qd, dst)
+		if err == nil {
 			break
 		}
-		dst = fmt.Sprintf("%s.%d", base, i)
+		if errors.Is(err, unix.EINVAL) { // no RENAME_NOREPLACE here
+			if _, serr := statAt(qd, dst); errors.Is(serr, unix.ENOENT) {
+				if err := renameAt(d, name, qd, dst); err != nil {
+					return fmt.Errorf("quarantine: %w", err)
+				}
+				break
+			}
+			err = unix.EEXIST
+		}
+		if !errors.Is(err, unix.EEXIST) || i > 1000 {
+			return fmt.Errorf("quarantine: %w", err)
+		}
+		dst = fmt.Sprintf("%s.%d", name, i)
 	}
-	if err := rt.root.Rename(rel, dst); err != nil {
-		return fmt.Errorf("quarantine: %w", err)
-	}
+	dst = path.Join(qrel, dst)
 	rt.rec.removeTree(rel)
 	q := QuarantinedFile{Root: rt.name, Path: rel, Moved: path.Join(rt.abs, dst), Epoch: epoch, At: time.Now().UTC()}
 	s.m.quarantined.Inc()
@@ -645,126 +654,153 @@ func (s *Syncer) quarantine(rt *rootState, rel string, epoch int64) error {
 const maxQuarantineList = 100
 
 func (s *Syncer) recvMkdir(rt *rootState, q request) error {
-	if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
+	dir, err := s.parentOf(rt, q, q.path, true)
+	if err != nil {
 		return err
 	}
-	if err := s.makeRoom(rt, q.path, q.epoch, true); err != nil {
-		return err
-	}
-	fi, err := rt.root.Lstat(q.path)
-	if err == nil && !fi.IsDir() {
-		if err := rt.root.Remove(q.path); err != nil {
+	defer dir.Close()
+	t := target{rel: q.path, dir: dir, name: path.Base(q.path)}
+	// Made 0700 and opened again without following a link to set owner and
+	// mode, inside the fence like the mkdir itself.
+	attrs := func() error {
+		fd, err := unix.Openat(int(dir.Fd()), t.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &os.PathError{Op: "openat", Path: q.path, Err: err}
+		}
+		d := os.NewFile(uintptr(fd), q.path)
+		defer d.Close()
+		if err := setOwner(d.Chown, q); err != nil {
 			return err
 		}
+		return d.Chmod(fileMode(q.mode))
 	}
-	if err != nil || !fi.IsDir() {
-		if err := rt.root.Mkdir(q.path, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
-		}
-	}
-	if err := setOwner(func(u, g int) error { return rt.root.Chown(q.path, u, g) }, q); err != nil {
+	err = s.install(rt, q, t, keepDir,
+		func() error {
+			if err := unix.Mkdirat(int(dir.Fd()), t.name, 0o700); err != nil {
+				return err
+			}
+			return attrs()
+		},
+		func() error {
+			if err := replaceWithDir(t, 0o700); err != nil {
+				return err
+			}
+			return attrs()
+		})
+	if err != nil {
 		return err
 	}
-	if err := rt.root.Chmod(q.path, fileMode(q.mode)); err != nil {
+	s.rememberAt(rt, t)
+	if err := durable(rt, func() error { return syncDirFD(rt, path.Dir(q.path), dir) }); err != nil {
 		return err
 	}
-	if err := syncRootDir(rt, path.Dir(q.path)); err != nil {
-		return err
-	}
-	s.remember(rt, q.path)
 	s.countReceived(0)
 	return nil
 }
 
 func (s *Syncer) recvDelete(rt *rootState, q request) error {
-	if err := s.checkParents(rt, q.path); err != nil {
-		return err
-	}
-	fi, err := rt.root.Lstat(q.path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist), errors.Is(err, syscall.ENOTDIR):
+	dir, err := s.parentOf(rt, q, q.path, false)
+	if errors.Is(err, errNoParent) {
 		rt.rec.removeTree(q.path)
 		return nil
-	case err != nil:
-		return err
-	case fi.IsDir():
-		err = s.clearTree(rt, q.path, q.epoch)
-	case !s.confirmed(rt, q.path, fi):
-		err = s.quarantine(rt, q.path, q.epoch)
-	default:
-		err = rt.root.Remove(q.path)
-		rt.rec.removeTree(q.path)
 	}
 	if err != nil {
 		return err
 	}
-	if err := syncRootDir(rt, path.Dir(q.path)); err != nil {
+	defer dir.Close()
+	t := target{rel: q.path, dir: dir, name: path.Base(q.path)}
+	// makeRoom quarantines or removes all but a delivered file, which goes
+	// here.
+	err = s.install(rt, q, t, clearAll, nil, func() error {
+		if err := unix.Unlinkat(int(dir.Fd()), t.name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
+			return &os.PathError{Op: "unlinkat", Path: q.path, Err: err}
+		}
+		rt.rec.removeTree(q.path)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := durable(rt, func() error { return syncDirFD(rt, path.Dir(q.path), dir) }); err != nil {
 		return err
 	}
 	s.countReceived(0)
 	return nil
 }
 
-// checkParents refuses a path whose parents include a symlink, without
-// creating anything.
-func (s *Syncer) checkParents(rt *rootState, rel string) error {
-	for d := path.Dir(rel); d != "."; d = path.Dir(d) {
-		fi, err := rt.root.Lstat(d)
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				continue
-			}
-			return err
-		}
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			return refuse("symlink-parent", http.StatusBadRequest, "parent %q of %q is a symlink", d, rel)
-		}
-	}
-	return nil
-}
-
 func (s *Syncer) recvRename(rt *rootState, q request) error {
-	if err := s.checkParents(rt, q.path); err != nil {
-		return err
+	// No rename(2) moves a directory into itself or over an ancestor of
+	// its source; clearing the target would remove the source.
+	if q.to == q.path || strings.HasPrefix(q.to, q.path+"/") || strings.HasPrefix(q.path, q.to+"/") {
+		return refuse(ReasonBadRequest, http.StatusBadRequest, "cannot rename %q to %q", q.path, q.to)
 	}
-	if err := s.ensureParents(rt, q.to, q.epoch); err != nil {
-		return err
-	}
-	fi, err := rt.root.Lstat(q.path)
+	from, err := s.parentOf(rt, q, q.path, false)
 	if err != nil {
-		return refuse("rename-source", http.StatusConflict, "rename source %q: %v", q.path, err)
-	}
-	if !fi.IsDir() && !s.confirmed(rt, q.path, fi) {
-		return refuse("rename-source", http.StatusConflict, "rename source %q differs from what was synced", q.path)
-	}
-	if err := s.makeRoom(rt, q.to, q.epoch, false); err != nil {
+		if errors.Is(err, errNoParent) {
+			return refuse(ReasonRenameSource, http.StatusConflict, "rename source %q: %v", q.path, err)
+		}
 		return err
 	}
-	if err := rt.root.Rename(q.path, q.to); err != nil {
+	defer from.Close()
+	fromName := path.Base(q.path)
+	e, err := statAt(from, fromName)
+	if err != nil {
+		return refuse(ReasonRenameSource, http.StatusConflict, "rename source %q: %v", q.path, err)
+	}
+	if e.Kind != 'd' && !s.confirmed(rt, q.path, e) {
+		return refuse(ReasonRenameSource, http.StatusConflict, "rename source %q differs from what was synced", q.path)
+	}
+	to, err := s.parentOf(rt, q, q.to, true)
+	if err != nil {
+		return err
+	}
+	defer to.Close()
+	t := target{rel: q.to, dir: to, name: path.Base(q.to)}
+	occ := clearAll
+	if e.Kind == 'd' {
+		occ = removeAll
+	}
+	err = s.install(rt, q, t, occ,
+		func() error { return renameNoReplace(from, fromName, to, t.name) },
+		func() error { return renameAt(from, fromName, to, t.name) })
+	if err != nil {
 		return err
 	}
 	rt.rec.renameTree(q.path, q.to)
-	if err := syncRootDir(rt, path.Dir(q.to)); err != nil {
-		return err
-	}
-	if path.Dir(q.to) != path.Dir(q.path) {
-		if err := syncRootDir(rt, path.Dir(q.path)); err != nil {
+	err = durable(rt, func() error {
+		if err := syncDirFD(rt, path.Dir(q.to), to); err != nil {
 			return err
 		}
+		if path.Dir(q.to) != path.Dir(q.path) {
+			return syncDirFD(rt, path.Dir(q.path), from)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	s.countReceived(0)
 	return nil
 }
 
 func (s *Syncer) recvSymlink(rt *rootState, q request) error {
-	if err := s.ensureParents(rt, q.path, q.epoch); err != nil {
+	tmpDir, dirRel, err := s.prepDir(rt, q, q.path)
+	if err != nil {
 		return err
 	}
-	dir := path.Dir(q.path)
-	tmp := tempName(dir)
-	if err := rt.root.Symlink(q.target, tmp); err != nil {
+	defer tmpDir.Close()
+	tmp := path.Base(tempName("."))
+	if err := unix.Symlinkat(q.target, int(tmpDir.Fd()), tmp); err != nil {
+		return &os.LinkError{Op: "symlinkat", Old: q.target, New: tmp, Err: err}
+	}
+	err = setOwner(func(u, g int) error { return unix.Fchownat(int(tmpDir.Fd()), tmp, u, g, unix.AT_SYMLINK_NOFOLLOW) }, q)
+	if err == nil {
+		err = s.place(rt, q, tmpDir, dirRel, tmp)
+	}
+	if err != nil {
+		unix.Unlinkat(int(tmpDir.Fd()), tmp, 0)
 		return err
 	}
-	err := setOwner(func(u, g int) error { return rt.root.Lchown(tmp, u, g) }, q)
-	return s.install(rt, q, tmp, err, 0)
+	s.countReceived(0)
+	return nil
 }

@@ -221,3 +221,9 @@ func gaugeValue(g prometheus.Gauge) float64 {
 	g.Write(&m)
 	return m.GetGauge().GetValue()
 }
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	c.Write(&m)
+	return m.GetCounter().GetValue()
+}

@@ -65,6 +65,7 @@ type job struct {
 	batch  []job    // jobBatch: the puts it carries
 	small  bool     // a small put or a batch: counts against maxSmallInflight
 	grow   *growing // a put streamed while the file is written
+	early  bool     // planned to stream while written (plan makes grow)
 	queued time.Time
 }
 
@@ -448,126 +449,51 @@ func lessPath(a, b string) bool {
 	return a < b
 }
 
-// plan looks at each ready path and queues the request that makes the peer
-// match it, pairing a vanished path with a new one of the same inode into a
-// rename so moved trees are not sent again.
+// plan looks at each ready path (the file system calls) and queues what
+// planJobs decides.
 func (sd *sender) plan(ready []key, now time.Time) time.Duration {
-	var wait time.Duration
-	type look struct {
-		k   key
-		p   *pend
-		ent entry
-		ok  bool
-		tgt string
-	}
-	looks := make([]look, 0, len(ready))
-	gone := map[[2]uint64]int{} // (root, inode) -> index in looks of a vanished path
+	obs := make([]observed, 0, len(ready))
 	subs := subRoots{}
 	defer subs.close()
 	for _, k := range ready {
 		p := sd.pending[k]
 		delete(sd.pending, k)
-		l := look{k: k, p: p}
+		o := observed{k: k, p: p}
 		rt := sd.s.roots[k.root]
-		fi, err := subs.lstat(rt, k)
-		if err == nil {
+		if fi, err := subs.lstat(rt, k); err == nil {
 			if sc, ok := scanOne(rt.root, k.rel, fi); ok {
-				l.ent, l.ok, l.tgt = sc.ent, true, sc.m.L
+				o.ent, o.ok, o.tgt = sc.ent, true, sc.m.L
 			}
 		}
-		if !l.ok && !p.noRename {
-			if e, ok := rt.rec.get(k.rel); ok && e.Ino != 0 {
-				gone[[2]uint64{uint64(k.root), e.Ino}] = len(looks)
-			}
+		// The read lease only where the plan may ask.
+		if needsWriterCheck(o, now) {
+			o.noWriter = noWriter(rt.root, k.rel)
 		}
-		looks = append(looks, l)
+		obs = append(obs, o)
 	}
-	renamed := map[int]bool{}
-	var movedDirs [][2]string
-	for i, l := range looks {
-		if !l.ok || l.p.noRename {
-			continue
+	rec := func(root int, rel string) (entry, bool) { return sd.s.roots[root].rec.get(rel) }
+	pl := planJobs(obs, rec, now, maxEarly-sd.nEarly)
+	var wait time.Duration
+	for _, h := range pl.holds {
+		h.p.early = false
+		h.p.notBefore = h.until
+		sd.pending[h.k] = h.p
+		if d := h.until.Sub(now); wait == 0 || d < wait {
+			wait = d
 		}
-		rt := sd.s.roots[l.k.root]
-		if _, known := rt.rec.get(l.k.rel); known {
-			continue
-		}
-		g, ok := gone[[2]uint64{uint64(l.k.root), l.ent.Ino}]
-		if !ok || renamed[g] {
-			continue
-		}
-		if old, _ := rt.rec.get(looks[g].k.rel); old.Kind != l.ent.Kind || (old.Kind == 'f' && !old.sameContent(l.ent)) {
-			continue
-		}
-		renamed[g], renamed[i] = true, true
-		if l.ent.Kind == 'd' {
-			movedDirs = append(movedDirs, [2]string{looks[g].k.rel, l.k.rel})
-		}
-		sd.enqueue(job{kind: jobRename, k: looks[g].k, to: l.k.rel, ent: l.ent, p: looks[g].p, p2: l.p})
 	}
-	for i, l := range looks {
-		if renamed[i] {
-			continue
+	for _, j := range pl.jobs {
+		if j.kind == jobPut || j.kind == jobMkdir || j.kind == jobSymlink {
+			j.p.early = false
 		}
-		rt := sd.s.roots[l.k.root]
-		if !l.ok {
-			if _, known := rt.rec.get(l.k.rel); !known && !l.p.force {
-				continue // never synced and gone again
-			}
-			sd.enqueue(job{kind: jobDelete, k: l.k, p: l.p})
-			continue
-		}
-		if !l.p.force && sd.unchanged(rt, l.k.rel, l.ent, movedDirs) {
-			continue
-		}
-		early := l.p.early && l.ent.Kind == 'f' && !l.p.closed && l.ent.Size >= earlyMin && sd.nEarly < maxEarly
-		l.p.early = false
-		if l.ent.Kind == 'f' && !l.p.closed && !early {
-			// Modified moments ago and no close seen (a reconcile found it, or
-			// the events are still on their way): give the writer time,
-			// unless no writer has it open any more.
-			if until := time.Unix(0, l.ent.Mtime).Add(holdOpen); now.Before(until) && !noWriter(rt.root, l.k.rel) {
-				l.p.notBefore = until
-				sd.pending[l.k] = l.p
-				if d := until.Sub(now); wait == 0 || d < wait {
-					wait = d
-				}
-				continue
-			}
-		}
-		j := job{k: l.k, ent: l.ent, p: l.p, target: l.tgt}
-		if early {
+		if j.early {
 			j.grow = newGrowing()
 			sd.streams.Store(j.k, j.grow)
 			sd.nEarly++
 		}
-		switch l.ent.Kind {
-		case 'f':
-			j.kind = jobPut
-		case 'd':
-			j.kind = jobMkdir
-		case 'l':
-			j.kind = jobSymlink
-		}
 		sd.enqueue(j)
 	}
 	return wait
-}
-
-// unchanged reports whether the peer already has rel as it is, directly or
-// as a child of a directory being renamed in the same batch.
-func (sd *sender) unchanged(rt *rootState, rel string, e entry, moved [][2]string) bool {
-	if r, ok := rt.rec.get(rel); ok && r.same(e) {
-		return true
-	}
-	for _, m := range moved {
-		if rest, ok := strings.CutPrefix(rel, m[1]+"/"); ok {
-			if r, ok := rt.rec.get(m[0] + "/" + rest); ok && r.same(e) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func (sd *sender) enqueue(j job) {
@@ -713,32 +639,31 @@ func (sd *sender) failed(r result, note bool) bool {
 		p.notBefore = now.Add(sd.delay(p.attempts))
 		sd.pending[k] = p
 	}
-	var he *httpError
-	switch {
-	case !errors.As(r.err, &he) && errors.Is(r.err, fs.ErrNotExist):
-		// Changed under us (a temp file come and gone): look again at once.
+	next := classifyFailure(r.err)
+	switch next {
+	case nextLookAgain:
 		sd.touch(j.k, now, false)
 		if j.kind == jobRename {
 			sd.touch(key{j.k.root, j.to}, now, true)
 		}
 		return false
-	case errors.Is(r.err, errNotActive), errors.Is(r.err, context.Canceled):
+	case nextRequeue:
 		requeue(j.k, j.p, false, false)
 		if j.kind == jobRename {
 			requeue(key{j.k.root, j.to}, j.p2, false, false)
 		}
 		return false
-	case errors.Is(r.err, errSourceChanged), errors.As(r.err, &he) && he.reason == "source-changed":
+	case nextSourceChanged:
 		q := sd.touch(j.k, now, false) // the change has its own event; look again
 		if j.grow != nil && j.grow.closed.Load() && !q.writing {
 			q.closed = true // streamed while written, then closed: no need to wait
 		}
 		return false
-	case errors.As(r.err, &he) && he.reason == "rename-source":
+	case nextAsCopy:
 		requeue(j.k, j.p, true, true)
 		requeue(key{j.k.root, j.to}, j.p2, true, true)
 		return false
-	case errors.As(r.err, &he) && he.status == 400:
+	case nextGiveUp:
 		sd.s.noteError("refused", r.err) // the peer will never take it: do not loop
 		return false
 	}
@@ -749,14 +674,69 @@ func (sd *sender) failed(r result, note bool) bool {
 	if j.kind == jobRename {
 		requeue(key{j.k.root, j.to}, j.p2, false, false)
 	}
-	return !errors.As(r.err, &he) || he.status == 409 // peer down, or fenced
+	return next == nextPausePeer
+}
+
+// next is what the sender does with a path whose request failed.
+type next uint8
+
+const (
+	nextRetry         next = iota // back off and send again
+	nextPausePeer                 // back off, and pause the whole peer (down, or fencing us)
+	nextLookAgain                 // changed under us (a temp file come and gone): look at once
+	nextRequeue                   // not active any more, or stopping: keep it for later
+	nextSourceChanged             // changed while sent: its own event sends it again
+	nextAsCopy                    // the peer's rename source is not ours: send both paths whole
+	nextGiveUp                    // refused for good (400): never loop on it
+)
+
+func (n next) String() string {
+	switch n {
+	case nextRetry:
+		return "retry"
+	case nextPausePeer:
+		return "pause-peer"
+	case nextLookAgain:
+		return "look-again"
+	case nextRequeue:
+		return "requeue"
+	case nextSourceChanged:
+		return "source-changed"
+	case nextAsCopy:
+		return "as-copy"
+	case nextGiveUp:
+		return "give-up"
+	}
+	return "unknown"
+}
+
+// classifyFailure decides, without I/O, what a failed request's error
+// calls for; it reads the peer's answer by its typed Reason and status.
+func classifyFailure(err error) next {
+	var he *httpError
+	peer := errors.As(err, &he)
+	switch {
+	case !peer && errors.Is(err, fs.ErrNotExist):
+		return nextLookAgain
+	case errors.Is(err, errNotActive), errors.Is(err, context.Canceled):
+		return nextRequeue
+	case errors.Is(err, errSourceChanged), peer && he.reason == ReasonSourceChanged:
+		return nextSourceChanged
+	case peer && he.reason == ReasonRenameSource:
+		return nextAsCopy
+	case peer && he.status == 400:
+		return nextGiveUp
+	case !peer, he.status == 409:
+		return nextPausePeer
+	}
+	return nextRetry
 }
 
 func sendErrKind(err error) string {
 	var he *httpError
 	if errors.As(err, &he) {
 		if he.reason != "" {
-			return "peer-" + he.reason
+			return "peer-" + string(he.reason)
 		}
 		if he.status == 507 {
 			return "peer-disk-full"
@@ -875,8 +855,6 @@ func (sd *sender) reconcileRoot(ctx context.Context, i int, rt *rootState) error
 			agreed[p] = sc.ent
 		}
 	}
-	rt.rec.mu.Lock()
-	rt.rec.m, rt.rec.dirty = agreed, true
-	rt.rec.mu.Unlock()
+	rt.rec.replace(agreed)
 	return nil
 }

@@ -15,6 +15,11 @@ import (
 // epochStore keeps the highest fencing epoch this node has seen, on disk,
 // so a restarted receiver still refuses an old ACTIVE.
 type epochStore struct {
+	// gate orders changes against epochs: every change to a root holds it
+	// shared (holdFence), raising the highest epoch holds it exclusively,
+	// so once a higher epoch is recorded no change of a lower one is still
+	// being made, and none starts.
+	gate    sync.RWMutex
 	mu      sync.Mutex
 	file    string
 	highest int64
@@ -46,6 +51,11 @@ func (e *epochStore) get() int64 {
 // admit reports whether epoch may act (not below the highest), and records
 // it durably when it is higher before anyone is answered.
 func (e *epochStore) admit(epoch int64) (bool, error) {
+	if h := e.get(); epoch <= h {
+		return epoch == h, nil
+	}
+	e.gate.Lock()
+	defer e.gate.Unlock()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if epoch < e.highest {
@@ -103,6 +113,12 @@ type entry struct {
 	Mtime int64
 	Mode  uint32
 	Ino   uint64
+	// Ctime is the inode's change time (ns) as this node last saw it. No
+	// writer can set it back (cp -p and touch -r restore mtime only), so
+	// with Ino it tells the very file the receiver installed from any
+	// later local change, whatever its size and mtime (finding 3). 0 for
+	// directories, and in records written before it was kept.
+	Ctime int64
 	Uid   uint32 // owner; not kept in the record file
 	Gid   uint32
 }
@@ -119,8 +135,21 @@ func entryOf(fi fs.FileInfo) entry {
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Ino, e.Uid, e.Gid = st.Ino, st.Uid, st.Gid
+		if e.Kind != 'd' {
+			e.Ctime = st.Ctim.Nano()
+		}
 	}
 	return e
+}
+
+// proves reports whether the recorded e shows that local is exactly what
+// was delivered: the same inode, unchanged since (Ctime). A record from
+// before Ctime was kept falls back to size and mtime.
+func (e entry) proves(local entry) bool {
+	if e.Kind != local.Kind || e.Size != local.Size || e.Mtime != local.Mtime {
+		return false
+	}
+	return e.Ctime == 0 || e.Ino == local.Ino && e.Ctime == local.Ctime
 }
 
 // same reports whether the content-bearing attributes match (inode ignored).
@@ -133,28 +162,38 @@ func (e entry) sameContent(o entry) bool {
 	return e.Kind == o.Kind && e.Size == o.Size && e.Mtime == o.Mtime
 }
 
-// record is the per-root map of agreed paths. It is flushed lazily: losing
-// the tail of it on a crash only makes the receiver quarantine more, never less.
+// record is the per-root map of agreed paths. Every change is also put in
+// a journal (journal.go), which the receiver makes durable before it
+// answers (commit), so a crash never forgets a delivery (issue 16,
+// finding 5); the whole map is rewritten every few seconds (flush), which
+// starts a new journal and drops the old one.
 type record struct {
-	fmu   sync.Mutex // serialises flushes
+	fmu   sync.Mutex // serialises flushes and commits; taken before mu
 	mu    sync.Mutex
 	file  string
 	m     map[string]entry
 	dirty bool
+	j     journal
 }
 
 func openRecord(dir, root string) (*record, error) {
 	r := &record{file: filepath.Join(dir, "record-"+root), m: map[string]entry{}}
+	r.j.dir, r.j.prefix = dir, "journal-"+root+"."
 	b, err := os.ReadFile(r.file)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return r, nil
 	case err != nil:
 		return nil, fmt.Errorf("syncdir: read record: %w", err)
+	default:
+		if m, err := decodeRecord(b); err == nil {
+			r.m = m
+		} // else: a corrupt record only costs extra quarantine; do not refuse to start
 	}
-	if m, err := decodeRecord(b); err == nil {
-		r.m = m
-	} // else: a corrupt record only costs extra quarantine; do not refuse to start
+	replayed, err := r.j.replay(r.m)
+	if err != nil {
+		return nil, err
+	}
+	r.dirty = replayed // the next flush folds the journals into the record
 	return r, nil
 }
 
@@ -163,19 +202,25 @@ func openRecord(dir, root string) (*record, error) {
 func encodeRecord(m map[string]entry) []byte {
 	b := make([]byte, 0, len(m)*64)
 	for p, e := range m {
-		b = append(b, e.Kind, ' ')
-		b = strconv.AppendInt(b, e.Size, 10)
-		b = append(b, ' ')
-		b = strconv.AppendInt(b, e.Mtime, 10)
-		b = append(b, ' ')
-		b = strconv.AppendUint(b, uint64(e.Mode), 8)
-		b = append(b, ' ')
-		b = strconv.AppendUint(b, e.Ino, 10)
-		b = append(b, ' ')
-		b = strconv.AppendQuote(b, p)
-		b = append(b, '\n')
+		b = appendRecordLine(b, p, e)
 	}
 	return b
+}
+
+func appendRecordLine(b []byte, p string, e entry) []byte {
+	b = append(b, e.Kind, ' ')
+	b = strconv.AppendInt(b, e.Size, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, e.Mtime, 10)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, uint64(e.Mode), 8)
+	b = append(b, ' ')
+	b = strconv.AppendUint(b, e.Ino, 10)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, e.Ctime, 10)
+	b = append(b, ' ')
+	b = strconv.AppendQuote(b, p)
+	return append(b, '\n')
 }
 
 func decodeRecord(b []byte) (map[string]entry, error) {
@@ -184,20 +229,28 @@ func decodeRecord(b []byte) (map[string]entry, error) {
 		if line == "" {
 			continue
 		}
-		f := strings.SplitN(line, " ", 6)
-		if len(f) != 6 || len(f[0]) != 1 {
+		// kind size mtime mode inode ctime "path"; records written
+		// before ctime was kept lack it (the sixth field is the path).
+		f := strings.SplitN(line, " ", 7)
+		if len(f) < 6 || len(f[0]) != 1 {
 			return nil, fmt.Errorf("bad record line %q", line)
 		}
 		var e entry
-		var err [4]error
+		var err [5]error
+		if strings.HasPrefix(f[5], "\"") {
+			f = append(f[:5], "0", strings.Join(f[5:], " "))
+		} else if len(f) != 7 {
+			return nil, fmt.Errorf("bad record line %q", line)
+		}
+		e.Ctime, err[4] = strconv.ParseInt(f[5], 10, 64)
 		e.Kind = f[0][0]
 		e.Size, err[0] = strconv.ParseInt(f[1], 10, 64)
 		e.Mtime, err[1] = strconv.ParseInt(f[2], 10, 64)
 		mode, err2 := strconv.ParseUint(f[3], 8, 32)
 		e.Mode, err[2] = uint32(mode), err2
 		e.Ino, err[3] = strconv.ParseUint(f[4], 10, 64)
-		p, perr := strconv.Unquote(f[5])
-		if err := errors.Join(err[0], err[1], err[2], err[3], perr); err != nil {
+		p, perr := strconv.Unquote(f[6])
+		if err := errors.Join(err[0], err[1], err[2], err[3], err[4], perr); err != nil {
 			return nil, fmt.Errorf("bad record line %q: %w", line, err)
 		}
 		m[p] = e
@@ -216,6 +269,7 @@ func (r *record) set(p string, e entry) {
 	r.mu.Lock()
 	r.m[p] = e
 	r.dirty = true
+	r.j.logSet(p, e)
 	r.mu.Unlock()
 }
 
@@ -223,42 +277,56 @@ func (r *record) set(p string, e entry) {
 func (r *record) removeTree(p string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.m, p)
+	r.j.logRemove(p)
+	removeTree(r.m, p)
+	r.dirty = true
+}
+
+func removeTree(m map[string]entry, p string) {
+	delete(m, p)
 	pre := p + "/"
-	for k := range r.m {
+	for k := range m {
 		if strings.HasPrefix(k, pre) {
-			delete(r.m, k)
+			delete(m, k)
 		}
 	}
-	r.dirty = true
 }
 
 // renameTree moves the entries of from (and below) to to.
 func (r *record) renameTree(from, to string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	pre := from + "/"
-	moved := map[string]entry{}
-	for k, e := range r.m {
-		if k == from {
-			moved[to] = e
-			delete(r.m, k)
-		} else if rest, ok := strings.CutPrefix(k, pre); ok {
-			moved[to+"/"+rest] = e
-			delete(r.m, k)
-		}
-	}
-	for k := range r.m {
-		if k == to || strings.HasPrefix(k, to+"/") {
-			delete(r.m, k)
-		}
-	}
-	for k, e := range moved {
-		r.m[k] = e
-	}
+	r.j.logRename(from, to)
+	renameTree(r.m, from, to)
 	r.dirty = true
 }
 
+func renameTree(m map[string]entry, from, to string) {
+	pre := from + "/"
+	moved := map[string]entry{}
+	for k, e := range m {
+		if k == from {
+			moved[to] = e
+			delete(m, k)
+		} else if rest, ok := strings.CutPrefix(k, pre); ok {
+			moved[to+"/"+rest] = e
+			delete(m, k)
+		}
+	}
+	for k := range m {
+		if k == to || strings.HasPrefix(k, to+"/") {
+			delete(m, k)
+		}
+	}
+	for k, e := range moved {
+		m[k] = e
+	}
+}
+
+// flush rewrites the whole record and drops the journals it now holds.
+// Changes made meanwhile go to a new journal: replaying a journal over a
+// record that already holds it changes nothing, so a crash at any point
+// loses nothing.
 func (r *record) flush() error {
 	r.fmu.Lock()
 	defer r.fmu.Unlock()
@@ -269,12 +337,40 @@ func (r *record) flush() error {
 	}
 	b := encodeRecord(r.m)
 	r.dirty = false
+	upTo := r.j.rotate() // the lines not written yet are in b
 	r.mu.Unlock()
 	if err := writeFileSync(r.file, b); err != nil {
 		r.mu.Lock()
 		r.dirty = true
 		r.mu.Unlock()
 		return fmt.Errorf("syncdir: write record: %w", err)
+	}
+	r.j.drop(upTo)
+	return nil
+}
+
+// replace puts m in place of the whole record (the sender, after a
+// reconcile); it is on disk with the next flush.
+func (r *record) replace(m map[string]entry) {
+	r.mu.Lock()
+	r.m, r.dirty = m, true
+	r.j.pending = nil // the old map's changes must not be replayed over m
+	r.mu.Unlock()
+}
+
+// commit makes every change recorded so far durable (journal.go); a
+// commit waiting for a flush finds its changes in the rewritten record.
+func (r *record) commit() error {
+	r.fmu.Lock()
+	defer r.fmu.Unlock()
+	r.mu.Lock()
+	b := r.j.take()
+	r.mu.Unlock()
+	if err := r.j.write(b); err != nil {
+		r.mu.Lock()
+		r.j.putBack(b)
+		r.mu.Unlock()
+		return fmt.Errorf("syncdir: write record journal: %w", err)
 	}
 	return nil
 }

@@ -25,7 +25,7 @@ func excludedForTest(rel string) bool {
 // Must show 1: creates, modifies, deletes, renames, nested and empty dirs,
 // empty files, modes, mtimes, symlinks; excluded paths stay behind.
 func TestRoundTrip(t *testing.T) {
-	a, b, _ := pair(t)
+	a, b, _ := pair(t, withOwners)
 	ra := a.root
 	writeFile(t, filepath.Join(ra, "pre-existing.txt"), "was here before the sender started", 0o644)
 	a.activate(5)

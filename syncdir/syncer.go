@@ -77,6 +77,9 @@ type Syncer struct {
 	ln net.Listener
 	// newWatcher builds the inotify watcher (replaced in tests).
 	newWatcher func() (watcher, error)
+	// afterBatchFile, when set (tests), runs after each file of a batch
+	// body is read.
+	afterBatchFile atomic.Pointer[func()]
 
 	mu      sync.Mutex
 	runCtx  context.Context
@@ -249,6 +252,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 		return err
 	}
 	defer s.closeRoots()
+	s.sweepTemps()
 	s.countQuarantine()
 	ln := s.ln
 	if ln == nil {
@@ -312,6 +316,43 @@ func (s *Syncer) flushRecords() {
 		if err := rt.rec.flush(); err != nil {
 			s.countError("state")
 			s.lg.Error("sync record not saved", zap.String("root", rt.name), zap.Error(err))
+		}
+	}
+}
+
+// sweepTemps removes the temp files an earlier run left behind (killed
+// while a file arrived; an unnamed file leaves nothing), before the
+// receiver serves: no request of this run has one yet. Directories are
+// made only by the installer, right before the change that needs them,
+// so a crash leaves none half-made beyond that one step.
+func (s *Syncer) sweepTemps() {
+	for _, rt := range s.roots {
+		n, bytes := 0, int64(0)
+		err := fs.WalkDir(rt.root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+			switch {
+			case err != nil:
+				return err
+			case p == quarantineDir:
+				return fs.SkipDir
+			case d.IsDir() || !strings.HasPrefix(d.Name(), tempPrefix):
+				return nil
+			}
+			if fi, err := d.Info(); err == nil {
+				bytes += fi.Size()
+			}
+			if err := rt.root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
+			n++
+			return nil
+		})
+		if err != nil {
+			s.countError("state")
+			s.lg.Error("sync temp files of an earlier run not all removed", zap.String("root", rt.name), zap.Int("removed", n), zap.Error(err))
+		}
+		if n > 0 {
+			s.m.staleTemps.Add(float64(n))
+			s.lg.Info("sync removed temp files of an earlier run", zap.String("root", rt.name), zap.Int("files", n), zap.Int64("bytes", bytes))
 		}
 	}
 }
@@ -422,7 +463,7 @@ type serverLog struct{ s *Syncer }
 func (l *serverLog) Write(b []byte) (int, error) {
 	msg := strings.TrimSpace(string(b))
 	if strings.Contains(msg, "TLS handshake error") {
-		l.s.countRejected("tls")
+		l.s.countRejected(ReasonTLS)
 	}
 	l.s.lg.Warn("sync receiver", zap.String("msg", msg))
 	return len(b), nil
