@@ -2,6 +2,7 @@ package syncdir
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path"
@@ -103,27 +104,44 @@ func replaceWithDir(t target, perm uint32) error {
 // quarantineDirFor opens (making what is missing, 0700) the directory of
 // the quarantine of epoch for entries of the directory relDir, one
 // component at a time without following a link; it returns it and its
-// path from the root.
+// path from the root. A component already taken there by something that is
+// not a directory (a file of the same name quarantined earlier in this
+// epoch, then a directory at that name) gets a suffix .1, .2, ... like a
+// quarantined name does.
 func quarantineDirFor(rt *rootState, epoch int64, relDir string) (*os.File, string, error) {
 	const flags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	qrel := path.Join(quarantineDir, strconv.FormatInt(epoch, 10), relDir)
+	want := path.Join(quarantineDir, strconv.FormatInt(epoch, 10), relDir)
 	fd, err := unix.Openat(int(rt.fsFD.Fd()), ".", flags, 0)
 	if err != nil {
 		return nil, "", &os.PathError{Op: "openat", Path: ".", Err: err}
 	}
-	for c := range strings.SplitSeq(qrel, "/") {
-		next, err := unix.Openat(fd, c, flags, 0)
-		if errors.Is(err, unix.ENOENT) {
-			if err = unix.Mkdirat(fd, c, 0o700); err == nil || errors.Is(err, unix.EEXIST) {
-				next, err = unix.Openat(fd, c, flags, 0)
+	var got []string
+	for c := range strings.SplitSeq(want, "/") {
+		var next int
+		name := c
+		for i := 1; ; i++ {
+			next, err = unix.Openat(fd, name, flags, 0)
+			if errors.Is(err, unix.ENOENT) {
+				if err = unix.Mkdirat(fd, name, 0o700); err == nil || errors.Is(err, unix.EEXIST) {
+					next, err = unix.Openat(fd, name, flags, 0)
+				}
 			}
+			// ENOTDIR: a file; ELOOP: a link (O_NOFOLLOW). Only below the
+			// epoch's own directory, never for the quarantine's top.
+			if (errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP)) && len(got) >= 2 && i <= 1000 {
+				name = fmt.Sprintf("%s.%d", c, i)
+				continue
+			}
+			break
 		}
 		unix.Close(fd)
 		if err != nil {
-			return nil, "", &os.PathError{Op: "openat", Path: qrel, Err: err}
+			return nil, "", &os.PathError{Op: "openat", Path: want, Err: err}
 		}
+		got = append(got, name)
 		fd = next
 	}
+	qrel := strings.Join(got, "/")
 	return os.NewFile(uintptr(fd), qrel), qrel, nil
 }
 
