@@ -61,10 +61,10 @@ type sockIO struct {
 	// after it a short read does not mean "wait for the next edge": the
 	// next read returns the end (a half-closed client was otherwise kept
 	// until idle-timeout).
-	hup atomic.Bool
-	dlNano  atomic.Int64
-	tm      *time.Timer
-	tmAt    int64
+	hup    atomic.Bool
+	dlNano atomic.Int64
+	tm     *time.Timer
+	tmAt   int64
 
 	// Event-loop mode (see eventloop.go): while loop is set, that poller's
 	// goroutine owns the socket; its readiness, deadline timer and kicks
