@@ -367,11 +367,7 @@ func writeRequest(bw *wbuf, r *http.Request, tlsIn, upgrade bool, bodyDeadline f
 }
 
 func writeBody(bw *wbuf, r *http.Request, bodyDeadline func(bool)) error {
-	if bodyDeadline != nil {
-		// Cleared after the body: net/http's background read of the
-		// connection must not trip over it while the backend answers.
-		defer bodyDeadline(false)
-	}
+
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	var dst io.Writer = bw
@@ -395,8 +391,15 @@ func writeBody(bw *wbuf, r *http.Request, bodyDeadline func(bool)) error {
 			break
 		}
 		if rerr != nil {
+			// The deadline stays: net/http, closing the body after us,
+			// would otherwise wait without limit for the rest of it.
 			return errors.Join(errClientBody, rerr)
 		}
+	}
+	if bodyDeadline != nil {
+		// Cleared after the body: net/http's background read of the
+		// connection must not trip over it while the backend answers.
+		bodyDeadline(false)
 	}
 	if cw != nil {
 		if err := cw.Close(); err != nil {
