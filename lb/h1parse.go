@@ -269,6 +269,11 @@ func (h *head) parseResponse() error {
 	if h.minor == 0 && !h.keepAlive {
 		h.close = true
 	}
+	if h.chunked && h.minor == 0 {
+		// As in a request (RFC 9112 §6.1): net/http would read the
+		// framing as the body, another peer would decode it.
+		return fmt.Errorf("%w: Transfer-Encoding in HTTP/1.0", errMalformed)
+	}
 	return nil
 }
 
