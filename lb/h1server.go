@@ -553,7 +553,7 @@ func (s *h1Server) writeResponseHead(hc *h1Conn, req, resp *head) bool {
 		keep = false
 	}
 	bw.WriteString("HTTP/1.1 ")
-	bw.WriteString(strconv.Itoa(resp.status))
+	bw.writeInt(int64(resp.status))
 	bw.WriteByte(' ')
 	bw.Write(resp.reason)
 	bw.WriteString("\r\n")
@@ -561,7 +561,7 @@ func (s *h1Server) writeResponseHead(hc *h1Conn, req, resp *head) bool {
 	switch {
 	case resp.length >= 0 && (body || string(req.method) == "HEAD"):
 		bw.WriteString("Content-Length: ")
-		bw.WriteString(strconv.FormatInt(resp.length, 10))
+		bw.writeInt(resp.length)
 		bw.WriteString("\r\n")
 	case body && resp.chunked && req.minor == 1:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
@@ -647,7 +647,7 @@ func writeRequestHead(bw *wbuf, req *head, ip string, upgrade bool) {
 		bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
 	case req.length > 0 || req.length == 0 && (string(req.method) == "POST" || string(req.method) == "PUT" || string(req.method) == "PATCH"):
 		bw.WriteString("Content-Length: ")
-		bw.WriteString(strconv.FormatInt(max(req.length, 0), 10))
+		bw.writeInt(max(req.length, 0))
 		bw.WriteString("\r\n\r\n")
 	default:
 		bw.WriteString("\r\n")
