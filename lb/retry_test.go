@@ -109,4 +109,3 @@ func closingBackend(t *testing.T) net.Listener {
 	t.Cleanup(func() { _ = ln.Close(); <-done })
 	return ln
 }
-
