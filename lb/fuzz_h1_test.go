@@ -139,15 +139,11 @@ func knownRequestLenience(data []byte) string {
 	if bytes.HasPrefix(data, []byte("\r\n")) {
 		return "empty line before the request line"
 	}
-	var h head
-	h.reset()
-	h.raw = headOf(data)
-	if h.parseRequest(1000) == 0 {
-		// The target as net/http sees it, alone.
-		if _, err := http.ReadRequest(bufio.NewReader(strings.NewReader("GET " + string(h.uri) + " HTTP/1.1\r\nHost: x\r\n\r\n"))); err != nil {
-			return "request-target net/http parses as a URL"
-		}
-		if bytes.IndexByte(h.uri, '%') >= 0 || bytes.Contains(bytes.ToLower(headOf(data)[:min(len(data), 16)]), []byte("://")) {
+	line, _, _ := bytes.Cut(data, []byte("\r\n"))
+	if parts := bytes.Split(line, []byte(" ")); len(parts) == 3 {
+		// The target alone, as net/http parses it.
+		probe := "GET " + string(parts[1]) + " HTTP/1.1\r\nHost: x\r\n\r\n"
+		if _, err := http.ReadRequest(bufio.NewReader(strings.NewReader(probe))); err != nil {
 			return "request-target net/http parses as a URL"
 		}
 	}

@@ -211,8 +211,10 @@ func (h *head) parseTarget() int {
 		end = i
 	}
 	auth := rest[:end]
-	if len(auth) == 0 || bytes.IndexByte(auth, '@') >= 0 {
-		return 400 // no host, or userinfo (RFC 9110 §4.2.4: not to be sent)
+	if len(auth) == 0 || bytes.IndexAny(auth, "@%") >= 0 {
+		// No host, userinfo (RFC 9110 §4.2.4: not to be sent), or an
+		// escaped host, which peers would decode differently.
+		return 400
 	}
 	h.host = auth
 	switch path := rest[end:]; {
