@@ -42,7 +42,7 @@ func TestCopyChunkedStrict(t *testing.T) {
 		{"5\r\nhello\r\n0\r\nX: \x01\r\n\r\n", ""},
 		{"5\r\nhel", ""},
 		{"5\r\nhello\r\n0\r\n", ""},
-		{"1;" + strings.Repeat("e", 4100) + "\r\nx\r\n0\r\n\r\n", ""}, // line too long
+		{"1;" + strings.Repeat("e", 4100) + "\r\nx\r\n0\r\n\r\n", ""},                      // line too long
 		{strings.Repeat("1;"+strings.Repeat("e", 200)+"\r\nx\r\n", 100) + "0\r\n\r\n", ""}, // too much non-data
 	}
 	for _, tc := range cases {
