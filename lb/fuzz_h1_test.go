@@ -20,6 +20,8 @@ import (
 // other way round, except leading empty lines):
 //   - bare LF as a line end in a head or trailer (our one rule: see h1parse.go);
 //   - obs-fold (net/http unfolds it);
+//   - field names that are not tokens (net/http's ReadResponse keeps
+//     "T 0:" as a name; found by FuzzResponse, in the corpus);
 //   - Transfer-Encoding in HTTP/1.0 (net/http ignores the header, Go issue
 //     12785, and reads the chunked framing as the next message or the body);
 //   - Content-Length together with Transfer-Encoding in a request;
@@ -109,6 +111,8 @@ func knownRequestDifference(data []byte, req *http.Request) string {
 		return "bare LF in the head"
 	case bytes.Contains(hd, []byte("\n ")) || bytes.Contains(hd, []byte("\n\t")):
 		return "obs-fold"
+	case badFieldName(hd):
+		return "field name not a token"
 	case req == nil:
 		return ""
 	case len(req.Trailer) > 0 || bytes.Contains(data[len(hd):], []byte("\n\t")) || bytes.Contains(data[len(hd):], []byte("\n ")):
@@ -229,11 +233,29 @@ func stdResponse(data []byte) (parsed, *http.Response) {
 	return parsed{ok: true, end: consumed(data, r, br), body: body}, resp
 }
 
+// badFieldName reports a field line in the head whose name is not a
+// token followed directly by the colon.
+func badFieldName(hd []byte) bool {
+	lines := bytes.Split(hd, []byte("\r\n"))
+	for _, l := range lines[1:] {
+		if len(l) == 0 || l[0] == ' ' || l[0] == '\t' {
+			continue
+		}
+		name, _, ok := bytes.Cut(l, []byte(":"))
+		if !ok || !isToken(name) {
+			return true
+		}
+	}
+	return false
+}
+
 func knownResponseDifference(data []byte, resp *http.Response) string {
 	hd := headOf(data)
 	switch {
 	case hasBareLF(hd):
 		return "bare LF in the head"
+	case badFieldName(hd):
+		return "field name not a token"
 	case bytes.Contains(hd, []byte("\n ")) || bytes.Contains(hd, []byte("\n\t")):
 		return "obs-fold"
 	case resp == nil:
