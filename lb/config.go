@@ -63,6 +63,11 @@ type ListenerConfig struct {
 	ReadHeaderTimeout time.Duration `yaml:"read-header-timeout"`
 	IdleTimeout       time.Duration `yaml:"idle-timeout"`
 	WriteTimeout      time.Duration `yaml:"write-timeout"`
+	// ClientBodyTimeout bounds each read of a request body: the longest
+	// wait for the next byte of a body that has started, not for the whole
+	// body, like nginx's client_body_timeout (default 60s). A client that
+	// stalls part-way gets 408 and is closed. Both engines; applies on reload.
+	ClientBodyTimeout time.Duration `yaml:"client-body-timeout"`
 }
 
 // BackendConfig is a group of servers of one kind.
@@ -253,6 +258,7 @@ func (l *ListenerConfig) validate(p string, backends map[string]Kind) error {
 	setDefault(&l.MaxHeaderCount, 100)
 	setDefaultDur(&l.ReadHeaderTimeout, 10*time.Second)
 	setDefaultDur(&l.IdleTimeout, 60*time.Second)
+	setDefaultDur(&l.ClientBodyTimeout, 60*time.Second)
 	if l.MaxHeaderBytes < 1024 || l.MaxHeaderBytes > 1<<20 {
 		return config.Errorf(p+".max-header-bytes", l.MaxHeaderBytes, "must be between 1024 and 1048576")
 	}
@@ -261,6 +267,9 @@ func (l *ListenerConfig) validate(p string, backends map[string]Kind) error {
 	}
 	if l.ReadHeaderTimeout < 0 || l.IdleTimeout < 0 || l.WriteTimeout < 0 {
 		return config.Errorf(p+".read-header-timeout", l.ReadHeaderTimeout, "timeouts must not be negative")
+	}
+	if l.ClientBodyTimeout < 0 {
+		return config.Errorf(p+".client-body-timeout", l.ClientBodyTimeout, "must not be negative")
 	}
 	return nil
 }

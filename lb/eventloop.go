@@ -171,8 +171,10 @@ func (hc *h1Conn) fastRequest() {
 	req := &hc.req
 	req.reset()
 	req.raw = append(req.raw[:0], buf[:end]...)
-	if req.parseRequest(lc.MaxHeaderCount) != 0 || req.length > 0 || req.chunked || req.upgrade ||
-		!idempotent(string(req.method)) {
+	// Only requests the retry rule may replay (decideRetry): the loop's
+	// failures are handed to the goroutine path, which may send it again.
+	if req.parseRequest(lc.MaxHeaderCount) != 0 || req.upgrade ||
+		!replayable(idempotent(string(req.method)), req.length > 0 || req.chunked) {
 		hc.slow++
 		hc.handoff(nil) // parsed again there, errors answered there
 		return
@@ -301,8 +303,8 @@ func (hc *h1Conn) relay(body bool, n int) {
 		bs.loop.Store(nil)
 		bs.owner, bs.nb = nil, false
 	}
-	if resp.close {
-		bc.close()
+	if resp.close || bc.br.Buffered() > 0 {
+		bc.close() // unread bytes would be taken for the next answer
 	} else {
 		at.srv.pool.put(bc)
 	}

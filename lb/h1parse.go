@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 )
 
@@ -14,7 +13,14 @@ import (
 // request costs no allocation once the connection's buffers exist. The
 // parser is strict where lenience enables request smuggling: no obs-fold,
 // no space before the colon, no Content-Length together with
-// Transfer-Encoding, only "chunked" as a transfer coding.
+// Transfer-Encoding, only "chunked" as a transfer coding, none in HTTP/1.0,
+// no control bytes in values, and every line ends in CR LF.
+//
+// Bare LF: refused everywhere (heads, chunk lines, trailers), in requests
+// and responses. RFC 9112 §2.2 lets a recipient accept it in a head, but
+// not in chunk lines (erratum 7633); one rule for every line means a line
+// end is the same thing wherever a peer looks for one, and nothing we
+// forward can carry one (heads and chunked framing are written anew).
 
 var (
 	errHeadTooLarge = errors.New("lb: header too large")
@@ -127,8 +133,11 @@ func nextLine(b []byte) (line, rest []byte) {
 // to answer with (400, 431, 501, 505).
 func (h *head) parseRequest(maxCount int) int {
 	b := h.raw
-	for len(b) > 0 && (b[0] == '\r' || b[0] == '\n') {
-		b = b[1:] // RFC 9112 §2.2: ignore leading empty lines
+	for len(b) >= 2 && b[0] == '\r' && b[1] == '\n' {
+		b = b[2:] // RFC 9112 §2.3: ignore empty lines before the request line
+	}
+	if hasBareLF(b) {
+		return 400
 	}
 	line, rest := nextLine(b)
 	sp1 := bytes.IndexByte(line, ' ')
@@ -165,13 +174,86 @@ func (h *head) parseRequest(maxCount int) int {
 	if h.minor == 1 && h.host == nil {
 		return 400
 	}
+	if h.chunked && h.minor == 0 {
+		// RFC 9112 §6.1: an HTTP/1.0 sender cannot mean chunked, so the
+		// framing is in doubt; refused rather than guessed at.
+		return 400
+	}
+	return h.parseTarget()
+}
+
+// parseTarget checks the request-target's form (RFC 9112 §3.2): origin
+// form, "*" for OPTIONS, or absolute form with an http(s) authority, which
+// then replaces Host (§3.2.2: the target's authority wins) and is forwarded
+// in origin form, so the backend cannot see another host than we route by.
+func (h *head) parseTarget() int {
+	u := h.uri
+	switch {
+	case u[0] == '/':
+		return 0
+	case len(u) == 1 && u[0] == '*':
+		if string(h.method) != "OPTIONS" {
+			return 400
+		}
+		return 0
+	}
+	var rest []byte
+	switch {
+	case len(u) > 7 && eqFold(u[:7], "http://"):
+		rest = u[7:]
+	case len(u) > 8 && eqFold(u[:8], "https://"):
+		rest = u[8:]
+	default:
+		return 400
+	}
+	end := len(rest)
+	if i := bytes.IndexAny(rest, "/?#"); i >= 0 {
+		end = i
+	}
+	auth := rest[:end]
+	if len(auth) == 0 || bytes.IndexAny(auth, "@%") >= 0 {
+		// No host, userinfo (RFC 9110 §4.2.4: not to be sent), or an
+		// escaped host, which peers would decode differently.
+		return 400
+	}
+	h.host = auth
+	switch path := rest[end:]; {
+	case len(path) == 0:
+		h.uri = slashURI
+	case path[0] == '/':
+		h.uri = path
+	case path[0] == '?':
+		h.uri = append([]byte{'/'}, path...) // rare: allocates
+	default:
+		return 400 // a fragment is not part of a request-target
+	}
 	return 0
+}
+
+var slashURI = []byte("/")
+
+// hasBareLF reports a LF not preceded by CR.
+func hasBareLF(b []byte) bool {
+	for i := 0; ; i++ {
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return false
+		}
+		i += j
+		if i == 0 || b[i-1] != '\r' {
+			return true
+		}
+	}
 }
 
 // parseResponse parses h.raw as a response head.
 func (h *head) parseResponse() error {
+	if hasBareLF(h.raw) {
+		return fmt.Errorf("%w: bare LF in the head", errMalformed)
+	}
 	line, rest := nextLine(h.raw)
-	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' {
+	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || line[8] != ' ' ||
+		line[7] < '0' || line[7] > '9' || len(line) > 12 && line[12] != ' ' {
 		return fmt.Errorf("%w: status line %q", errMalformed, trimLine(line))
 	}
 	h.minor = int(line[7] - '0')
@@ -189,6 +271,11 @@ func (h *head) parseResponse() error {
 	if h.minor == 0 && !h.keepAlive {
 		h.close = true
 	}
+	if h.chunked && h.minor == 0 {
+		// As in a request (RFC 9112 §6.1): net/http would read the
+		// framing as the body, another peer would decode it.
+		return fmt.Errorf("%w: Transfer-Encoding in HTTP/1.0", errMalformed)
+	}
 	return nil
 }
 
@@ -200,15 +287,8 @@ func (h *head) parseFields(b []byte, maxCount int, request bool) int {
 		if len(line) == 0 {
 			break
 		}
-		if line[0] == ' ' || line[0] == '\t' {
-			return 400 // obsolete line folding
-		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || !isToken(line[:colon]) {
-			return 400
-		}
-		name, value := line[:colon], trimOWS(line[colon+1:])
-		if bytes.IndexByte(value, '\r') >= 0 || bytes.IndexByte(value, 0) >= 0 {
+		name, value, ok := parseFieldLine(line)
+		if !ok {
 			return 400
 		}
 		if len(h.hdrs) >= maxCount {
@@ -226,6 +306,26 @@ func (h *head) parseFields(b []byte, maxCount int, request bool) int {
 		h.length = -1 // RFC 9112 §6.3: Transfer-Encoding wins in a response
 	}
 	return 0
+}
+
+// parseFieldLine splits a field line (without its CR LF) into name and
+// value: no obs-fold, a token name directly followed by the colon, and a
+// value of visible bytes, spaces and tabs (obs-text allowed) as net/http.
+func parseFieldLine(line []byte) (name, value []byte, ok bool) {
+	if line[0] == ' ' || line[0] == '\t' {
+		return nil, nil, false // obsolete line folding
+	}
+	colon := bytes.IndexByte(line, ':')
+	if colon <= 0 || !isToken(line[:colon]) {
+		return nil, nil, false
+	}
+	name, value = line[:colon], trimOWS(line[colon+1:])
+	for _, c := range value {
+		if !valueChars[c] {
+			return nil, nil, false
+		}
+	}
+	return name, value, true
 }
 
 func (h *head) noteField(name, value []byte, request bool) int {
@@ -281,9 +381,23 @@ func (h *head) noteConnection(v []byte) {
 	}
 }
 
-// hopByHopName reports headers a proxy must not forward (RFC 9110 §7.6.1),
-// plus the framing and forwarding headers the proxy writes itself.
+// dropOnForward reports headers a proxy must not forward (RFC 9110
+// §7.6.1): the fixed hop-by-hop set, the framing and forwarding headers the
+// proxy writes itself, and every name the Connection header lists, whatever
+// its length (the length switch only picks which fixed names to compare).
 func (h *head) dropOnForward(name []byte, request bool) bool {
+	if fixedHopByHop(name, request) {
+		return true
+	}
+	for _, t := range h.connToks {
+		if bytes.EqualFold(name, t) {
+			return true
+		}
+	}
+	return false
+}
+
+func fixedHopByHop(name []byte, request bool) bool {
 	switch len(name) {
 	case 2:
 		return eqFold(name, "te")
@@ -302,7 +416,7 @@ func (h *head) dropOnForward(name []byte, request bool) bool {
 	case 15:
 		return request && eqFold(name, "x-forwarded-for")
 	case 16:
-		return eqFold(name, "proxy-connection") || request && (eqFold(name, "x-forwarded-host"))
+		return eqFold(name, "proxy-connection") || request && eqFold(name, "x-forwarded-host")
 	case 17:
 		return eqFold(name, "transfer-encoding") || request && eqFold(name, "x-forwarded-proto")
 	case 18:
@@ -310,75 +424,7 @@ func (h *head) dropOnForward(name []byte, request bool) bool {
 	case 19:
 		return eqFold(name, "proxy-authorization")
 	}
-	for _, t := range h.connToks {
-		if bytes.EqualFold(name, t) {
-			return true
-		}
-	}
 	return false
-}
-
-// relayChunked copies a chunked body unchanged (framing included),
-// flushing dst when src has nothing more buffered so streams stay live.
-func relayChunked(dst *wbuf, src *bufio.Reader, flush bool) error {
-	for {
-		line, err := src.ReadSlice('\n')
-		if err != nil {
-			return err
-		}
-		size, ok := chunkSize(line)
-		if !ok {
-			return fmt.Errorf("%w: chunk size %q", errMalformed, trimLine(line))
-		}
-		if _, err := dst.Write(line); err != nil {
-			return err
-		}
-		if size == 0 {
-			for { // trailer section up to the blank line
-				line, err := src.ReadSlice('\n')
-				if err != nil {
-					return err
-				}
-				if _, err := dst.Write(line); err != nil {
-					return err
-				}
-				if len(bytes.TrimRight(line, "\r\n")) == 0 {
-					return nil
-				}
-			}
-		}
-		if _, err := io.CopyN(dst, src, size+2); err != nil { // data + CRLF
-			return err
-		}
-		if flush && src.Buffered() == 0 {
-			if err := dst.Flush(); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-func chunkSize(line []byte) (int64, bool) {
-	var n int64
-	digits := 0
-	for _, c := range line {
-		var d byte
-		switch {
-		case c >= '0' && c <= '9':
-			d = c - '0'
-		case c >= 'a' && c <= 'f':
-			d = c - 'a' + 10
-		case c >= 'A' && c <= 'F':
-			d = c - 'A' + 10
-		default:
-			return n, digits > 0 && (c == ';' || c == '\r' || c == '\n' || c == ' ' || c == '\t')
-		}
-		if digits++; digits > 15 {
-			return 0, false
-		}
-		n = n<<4 | int64(d)
-	}
-	return 0, false
 }
 
 func parseLength(v []byte) (int64, bool) {
@@ -432,6 +478,16 @@ var tokenChars = func() (t [256]bool) {
 	for _, c := range "!#$%&'*+-.^_`|~" {
 		t[c] = true
 	}
+	return t
+}()
+
+// valueChars: bytes allowed in a field value (RFC 9110 §5.5: VCHAR, SP,
+// HTAB, obs-text); no CR, LF, NUL or other control byte reaches a backend.
+var valueChars = func() (t [256]bool) {
+	for c := 0x20; c < 0x100; c++ {
+		t[c] = c != 0x7f
+	}
+	t['\t'] = true
 	return t
 }()
 

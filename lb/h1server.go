@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -286,15 +285,13 @@ func (s *h1Server) serveOne(hc *h1Conn) bool {
 	return keep && !req.close && (req.minor == 1 || req.keepAlive)
 }
 
-// proxy runs attempts on servers with the same retry rules as the net/http
-// path: connect failures anywhere, and idempotent bodiless requests before
-// any response byte.
+// proxy runs attempts on servers; whether a failed one is tried again is
+// decideRetry's answer, the same for both engines.
 // at, when set, is an attempt the event loop started (see eventloop.go).
 func (s *h1Server) proxy(hc *h1Conn, g *Group, at *attempt) (int, bool) {
 	req := &hc.req
 	idem := idempotent(string(req.method)) // no allocation: converted for the switch only
 	hasBody := req.length > 0 || req.chunked
-	replayable := idem && !hasBody
 	var triedBuf [4]*Server
 	tried := triedBuf[:0]
 	for attempt := 0; ; attempt++ {
@@ -317,24 +314,34 @@ func (s *h1Server) proxy(hc *h1Conn, g *Group, at *attempt) (int, bool) {
 			s.writeError(hc, 503, !hasBody, g)
 			return 503, !hasBody
 		}
-		out, code, keep := s.try(hc, srv, idem, at)
+		out, code, keep := s.try(hc, srv, idem, hasBody, at)
 		at = nil
 		srv.release()
-		switch out {
-		case outDone:
-			return code, keep
-		case outAborted:
+		act, _ := decideRetry(attemptResult{out: out, idem: idem, hasBody: hasBody, attempt: attempt, retries: *g.cfg.Retries})
+		if act == retryStop {
+			switch out {
+			case outDone:
+				return code, keep
+			case outAborted:
+				srv.noteFailure()
+				return code, false
+			case outBadRequest:
+				// The client's body failed: its framing (400), a stall past
+				// client-body-timeout (408), or the client went away (0).
+				if code == 0 {
+					return 499, false
+				}
+				s.writeError(hc, code, false, g)
+				if code == http.StatusBadRequest {
+					lingerClose(hc.c)
+				}
+				return code, false
+			}
 			srv.noteFailure()
-			return code, false
-		case outBadRequest:
-			return 400, false
-		}
-		srv.noteFailure()
-		retry := out == outNotSent || (out == outNoResponse && replayable)
-		if !retry || attempt >= *g.cfg.Retries {
 			s.writeError(hc, code, false, g)
 			return code, false
 		}
+		srv.noteFailure()
 		g.m.retries.WithLabelValues(g.cfg.Name).Inc()
 		tried = append(tried, srv)
 	}
@@ -379,7 +386,7 @@ func (hc *h1Conn) watchClose(cancel context.CancelFunc) {
 
 // try makes one attempt; a stale pooled connection is replaced once by a
 // fresh one on the same server when that is safe.
-func (s *h1Server) try(hc *h1Conn, srv *Server, idem bool, at *attempt) (outcome, int, bool) {
+func (s *h1Server) try(hc *h1Conn, srv *Server, idem, hasBody bool, at *attempt) (outcome, int, bool) {
 	for fresh := false; ; fresh = true {
 		var bc *backendConn
 		reused := true
@@ -387,14 +394,14 @@ func (s *h1Server) try(hc *h1Conn, srv *Server, idem bool, at *attempt) (outcome
 			bc = at.bc // pooled, taken by the event loop
 		} else {
 			var err error
-			if bc, reused, err = srv.conn(context.Background(), idem, fresh); err != nil {
+			if bc, reused, err = srv.conn(context.Background(), replayable(idem, hasBody), fresh); err != nil {
 				return outNotSent, http.StatusBadGateway, false
 			}
 			at = nil
 		}
 		out, code, keep, err := s.exchange(hc, srv, bc, at)
 		at = nil
-		if staleRetry(out, reused, idem, err) {
+		if act, _ := decideRetry(attemptResult{out: out, reused: reused, idem: idem, hasBody: hasBody}); act == retryFresh {
 			continue
 		}
 		srv.logExchange(out, err)
@@ -415,7 +422,7 @@ func (s *h1Server) exchange(hc *h1Conn, srv *Server, bc *backendConn, at *attemp
 		if err := s.sendBody(hc, bc); err != nil {
 			bc.close()
 			if errors.Is(err, errClientBody) {
-				return outBadRequest, 400, false, err
+				return outBadRequest, bodyErrorStatus(err), false, err
 			}
 			return outNoResponse, http.StatusBadGateway, false, err
 		}
@@ -439,7 +446,9 @@ func (s *h1Server) exchange(hc *h1Conn, srv *Server, bc *backendConn, at *attemp
 	if bodyErr == nil {
 		bodyErr = hc.bw.Flush()
 	}
-	if bodyErr != nil || resp.close || resp.length < 0 && !resp.chunked && hasBody(req, resp) {
+	// Back to the pool only at the response's exact end: anything left
+	// unread would be taken for the next request's answer.
+	if bodyErr != nil || resp.close || resp.length < 0 && !resp.chunked && hasBody(req, resp) || bc.br.Buffered() > 0 {
 		bc.close()
 	} else {
 		srv.pool.put(bc)
@@ -450,12 +459,20 @@ func (s *h1Server) exchange(hc *h1Conn, srv *Server, bc *backendConn, at *attemp
 	return outDone, resp.status, keep, nil
 }
 
-// sendBody forwards the request body (Content-Length or chunked).
+// sendBody forwards the request body (Content-Length, or chunked decoded
+// and re-encoded). Each read of the body waits at most the listener's
+// client-body-timeout. A failure to read the client's body is marked
+// errClientBody; one to write to the backend is not.
 func (s *h1Server) sendBody(hc *h1Conn, bc *backendConn) error {
 	req := &hc.req
 	if req.length <= 0 && !req.chunked {
 		return bc.bw.pend() // sent by the response read (see wbuf.pend)
 	}
+	hc.sock.idle = s.route.Load().lc.ClientBodyTimeout
+	defer func() {
+		hc.sock.idle = 0
+		hc.sock.setDeadline(time.Time{})
+	}()
 	if req.expect100 {
 		// We answer the client's Expect ourselves: the backend never saw it.
 		_, _ = hc.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
@@ -465,12 +482,14 @@ func (s *h1Server) sendBody(hc *h1Conn, bc *backendConn) error {
 	}
 	var err error
 	if req.chunked {
-		err = relayChunked(bc.bw, hc.br, false)
+		err = copyChunked(bc.bw, hc.br, true, false)
 	} else {
 		err = copyN(bc.bw, hc.br, req.length)
 	}
 	if err != nil {
-		// Either side may have failed; the client's reader is the likelier.
+		if errors.Is(err, errDstWrite) {
+			return err // the backend's side
+		}
 		return errors.Join(errClientBody, err)
 	}
 	return bc.bw.pend()
@@ -534,7 +553,7 @@ func (s *h1Server) writeResponseHead(hc *h1Conn, req, resp *head) bool {
 		keep = false
 	}
 	bw.WriteString("HTTP/1.1 ")
-	bw.WriteString(strconv.Itoa(resp.status))
+	bw.writeInt(int64(resp.status))
 	bw.WriteByte(' ')
 	bw.Write(resp.reason)
 	bw.WriteString("\r\n")
@@ -542,7 +561,7 @@ func (s *h1Server) writeResponseHead(hc *h1Conn, req, resp *head) bool {
 	switch {
 	case resp.length >= 0 && (body || string(req.method) == "HEAD"):
 		bw.WriteString("Content-Length: ")
-		bw.WriteString(strconv.FormatInt(resp.length, 10))
+		bw.writeInt(resp.length)
 		bw.WriteString("\r\n")
 	case body && resp.chunked && req.minor == 1:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
@@ -565,11 +584,11 @@ func relayBody(dst *wbuf, src *bufio.Reader, req, resp *head) error {
 		return nil
 	case resp.length >= 0:
 		return copyN(dst, src, resp.length)
-	case resp.chunked && req.minor == 1:
-		return relayChunked(dst, src, true)
 	case resp.chunked:
-		_, err := io.Copy(dst, httputil.NewChunkedReader(src))
-		return err
+		// Decoded to its exact end (trailers included, so the connection
+		// can be pooled), re-encoded for HTTP/1.1, plain for HTTP/1.0
+		// (close-delimited, see writeResponseHead).
+		return copyChunked(dst, src, req.minor == 1, true)
 	default: // close-delimited
 		return copyAll(dst, src)
 	}
@@ -628,7 +647,7 @@ func writeRequestHead(bw *wbuf, req *head, ip string, upgrade bool) {
 		bw.WriteString("Transfer-Encoding: chunked\r\n\r\n")
 	case req.length > 0 || req.length == 0 && (string(req.method) == "POST" || string(req.method) == "PUT" || string(req.method) == "PATCH"):
 		bw.WriteString("Content-Length: ")
-		bw.WriteString(strconv.FormatInt(max(req.length, 0), 10))
+		bw.writeInt(max(req.length, 0))
 		bw.WriteString("\r\n\r\n")
 	default:
 		bw.WriteString("\r\n")
@@ -693,9 +712,16 @@ func (s *h1Server) upgrade(hc *h1Conn, g *Group) int {
 	defer bc.close()
 	writeRequestHead(bc.bw, &hc.req, hc.ip, true)
 	if err := s.sendBody(hc, bc); err != nil {
-		srv.noteFailure()
-		s.writeError(hc, 502, false, g)
-		return 502
+		code := 502
+		if errors.Is(err, errClientBody) {
+			if code = bodyErrorStatus(err); code == 0 {
+				return 499
+			}
+		} else {
+			srv.noteFailure()
+		}
+		s.writeError(hc, code, false, g)
+		return code
 	}
 	resp := &hc.resp
 	if _, code, err := readResponseHead(bc, resp, g.cfg.ResponseHeaderTimeout, true); err != nil {
@@ -728,7 +754,7 @@ func copyN(dst *wbuf, src *bufio.Reader, n int64) error {
 	for n > 0 {
 		if src.Buffered() == 0 {
 			if err := dst.Flush(); err != nil {
-				return err
+				return errors.Join(errDstWrite, err)
 			}
 			if _, err := src.Peek(1); err != nil {
 				if err == io.EOF {
@@ -742,7 +768,7 @@ func copyN(dst *wbuf, src *bufio.Reader, n int64) error {
 		_, _ = src.Discard(w)
 		n -= int64(w)
 		if err != nil {
-			return err
+			return errors.Join(errDstWrite, err)
 		}
 	}
 	return nil

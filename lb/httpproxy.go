@@ -155,10 +155,10 @@ func (p *httpProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// forward runs attempts until one completes or retrying is no longer safe.
+// forward runs attempts until one completes or decideRetry says stop.
 func (p *httpProxy) forward(w http.ResponseWriter, r *http.Request, g *Group) int {
 	idem := idempotent(r.Method)
-	replayable := idem && (r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0)
+	hasBody := !(r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0)
 	var triedBuf [4]*Server
 	tried := triedBuf[:0]
 	for attempt := 0; ; attempt++ {
@@ -170,27 +170,34 @@ func (p *httpProxy) forward(w http.ResponseWriter, r *http.Request, g *Group) in
 		if err != nil {
 			return p.unavailable(w, g, err)
 		}
-		out, code := p.try(w, r, s, idem)
+		out, code := p.try(w, r, s, idem, hasBody)
 		s.release()
-		switch out {
-		case outDone:
-			return code
-		case outAborted:
+		act, _ := decideRetry(attemptResult{out: out, idem: idem, hasBody: hasBody, attempt: attempt, retries: *g.cfg.Retries})
+		if act == retryStop {
+			switch out {
+			case outDone:
+				return code
+			case outAborted:
+				s.noteFailure()
+				panic(http.ErrAbortHandler)
+			case outBadRequest:
+				if code == 0 {
+					panic(http.ErrAbortHandler) // the client went away
+				}
+				// The body's framing is broken or stalled: net/http must
+				// not look for another request after it.
+				w.Header().Set("Connection", "close")
+				http.Error(w, http.StatusText(code), code)
+				return code
+			}
 			s.noteFailure()
-			panic(http.ErrAbortHandler)
-		case outBadRequest:
-			http.Error(w, "bad request body", http.StatusBadRequest)
-			return http.StatusBadRequest
-		}
-		s.noteFailure()
-		retry := out == outNotSent || (out == outNoResponse && replayable)
-		if !retry || attempt >= *g.cfg.Retries {
 			if code == 0 {
 				code = http.StatusBadGateway
 			}
 			http.Error(w, http.StatusText(code), code)
 			return code
 		}
+		s.noteFailure()
 		g.m.retries.WithLabelValues(g.cfg.Name).Inc()
 		tried = append(tried, s)
 	}
@@ -211,14 +218,14 @@ func (p *httpProxy) unavailable(w http.ResponseWriter, g *Group, err error) int 
 // try makes one attempt on server s. A stale pooled connection (closed by
 // the backend while idle) is replaced by a fresh one on the same server when
 // that is safe, without counting as a retry.
-func (p *httpProxy) try(w http.ResponseWriter, r *http.Request, s *Server, idem bool) (outcome, int) {
+func (p *httpProxy) try(w http.ResponseWriter, r *http.Request, s *Server, idem, hasBody bool) (outcome, int) {
 	for fresh := false; ; fresh = true {
-		bc, reused, err := s.conn(r.Context(), idem, fresh)
+		bc, reused, err := s.conn(r.Context(), replayable(idem, hasBody), fresh)
 		if err != nil {
 			return outNotSent, http.StatusBadGateway
 		}
 		out, code, err := p.exchange(w, r, s, bc)
-		if staleRetry(out, reused, idem, err) {
+		if act, _ := decideRetry(attemptResult{out: out, reused: reused, idem: idem, hasBody: hasBody}); act == retryFresh {
 			continue
 		}
 		s.logExchange(out, err)
@@ -227,12 +234,13 @@ func (p *httpProxy) try(w http.ResponseWriter, r *http.Request, s *Server, idem 
 }
 
 // conn returns a backend connection to s for one attempt: a pooled one
-// unless fresh is asked for (a non-idempotent request never gets one that is
-// visibly dead), else a new dial. reused tells whether it came from the pool.
-func (s *Server) conn(ctx context.Context, idem, fresh bool) (bc *backendConn, reused bool, err error) {
+// unless fresh is asked for (a request that cannot be replayed never gets
+// one that is visibly dead), else a new dial. reused tells whether it came
+// from the pool.
+func (s *Server) conn(ctx context.Context, replay, fresh bool) (bc *backendConn, reused bool, err error) {
 	if !fresh {
 		bc = s.pool.get()
-		if bc != nil && !idem && !bc.alive() {
+		if bc != nil && !replay && !bc.alive() {
 			bc.close()
 			bc = nil
 		}
@@ -248,14 +256,6 @@ func (s *Server) conn(ctx context.Context, idem, fresh bool) (bc *backendConn, r
 	return newBackendConn(c, s.group.cfg.ReadTimeout, s.group.poll.pick()), false, nil
 }
 
-// staleRetry reports whether an attempt failed only because a pooled
-// keep-alive connection had gone stale (closed by the backend while idle):
-// an idempotent request is then sent once more on a new connection, which
-// does not count as a retry.
-func staleRetry(out outcome, reused, idem bool, err error) bool {
-	return out == outNoResponse && reused && idem && !errors.Is(err, errClientBody)
-}
-
 func (s *Server) logExchange(out outcome, err error) {
 	if err != nil && out != outAborted {
 		s.group.lg.Debug("backend exchange failed", zap.String("server", s.name), zap.Error(err))
@@ -264,10 +264,10 @@ func (s *Server) logExchange(out outcome, err error) {
 
 // exchange writes the request on bc and relays the response.
 func (p *httpProxy) exchange(w http.ResponseWriter, r *http.Request, s *Server, bc *backendConn) (outcome, int, error) {
-	if err := writeRequest(bc.bw, r, p.tls, false); err != nil {
+	if err := writeRequest(bc.bw, r, p.tls, false, p.bodyReads(w)); err != nil {
 		bc.close()
 		if errors.Is(err, errClientBody) {
-			return outBadRequest, http.StatusBadRequest, err
+			return outBadRequest, stdBodyErrorStatus(err), err
 		}
 		return outNoResponse, http.StatusBadGateway, err
 	}
@@ -283,8 +283,8 @@ func (p *httpProxy) exchange(w http.ResponseWriter, r *http.Request, s *Server, 
 		bc.close()
 		return outAborted, resp.StatusCode, err
 	}
-	if resp.Close {
-		bc.close()
+	if resp.Close || bc.br.Buffered() > 0 {
+		bc.close() // unread bytes would be taken for the next answer
 	} else {
 		s.pool.put(bc)
 	}
@@ -318,7 +318,9 @@ func readResponse(bc *backendConn, r *http.Request, timeout time.Duration) (*htt
 // writeRequest writes the request head and streams its body. With upgrade
 // the Connection/Upgrade pair is kept (WebSocket); otherwise hop-by-hop
 // headers are dropped and the connection is kept alive.
-func writeRequest(bw *wbuf, r *http.Request, tlsIn, upgrade bool) error {
+// bodyDeadline, when set, is called with true before each read of the
+// body (the client-body-timeout's deadline) and with false after the last.
+func writeRequest(bw *wbuf, r *http.Request, tlsIn, upgrade bool, bodyDeadline func(bool)) error {
 	uri := r.RequestURI
 	if uri == "" || uri[0] != '/' && uri != "*" {
 		uri = r.URL.RequestURI()
@@ -357,14 +359,15 @@ func writeRequest(bw *wbuf, r *http.Request, tlsIn, upgrade bool) error {
 		bw.WriteString("\r\n")
 	}
 	if hasBody && r.ContentLength != 0 {
-		if err := writeBody(bw, r); err != nil {
+		if err := writeBody(bw, r, bodyDeadline); err != nil {
 			return err
 		}
 	}
 	return bw.Flush()
 }
 
-func writeBody(bw *wbuf, r *http.Request) error {
+func writeBody(bw *wbuf, r *http.Request, bodyDeadline func(bool)) error {
+
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	var dst io.Writer = bw
@@ -375,6 +378,9 @@ func writeBody(bw *wbuf, r *http.Request) error {
 	}
 	buf := *bp
 	for {
+		if bodyDeadline != nil {
+			bodyDeadline(true)
+		}
 		n, rerr := r.Body.Read(buf)
 		if n > 0 {
 			if _, err := dst.Write(buf[:n]); err != nil {
@@ -385,8 +391,15 @@ func writeBody(bw *wbuf, r *http.Request) error {
 			break
 		}
 		if rerr != nil {
+			// The deadline stays: net/http, closing the body after us,
+			// would otherwise wait without limit for the rest of it.
 			return errors.Join(errClientBody, rerr)
 		}
+	}
+	if bodyDeadline != nil {
+		// Cleared after the body: net/http's background read of the
+		// connection must not trip over it while the backend answers.
+		bodyDeadline(false)
 	}
 	if cw != nil {
 		if err := cw.Close(); err != nil {
@@ -466,6 +479,41 @@ func copyBody(w http.ResponseWriter, body io.ReadCloser, src *bufio.Reader, flus
 	}
 }
 
+// bodyReads returns what sets the deadline of each read of a request
+// body: client-body-timeout from the read's start (net/http's ReadTimeout would
+// bound the whole request instead, and its IdleTimeout only the wait
+// between requests).
+func (p *httpProxy) bodyReads(w http.ResponseWriter) func(bool) {
+	d := p.route.Load().lc.ClientBodyTimeout
+	if d <= 0 {
+		return nil
+	}
+	rc := http.NewResponseController(w)
+	return func(on bool) {
+		var t time.Time
+		if on {
+			t = time.Now().Add(d)
+		}
+		_ = rc.SetReadDeadline(t)
+	}
+}
+
+// stdBodyErrorStatus is the answer to a request body net/http could not
+// read: 408 for a stall past client-body-timeout, 0 (just close) for a
+// client that went away, 400 for the rest (net/http's framing errors are
+// not typed).
+func stdBodyErrorStatus(err error) int {
+	var ne net.Error
+	var oe *net.OpError
+	switch {
+	case errors.As(err, &ne) && ne.Timeout():
+		return http.StatusRequestTimeout
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, net.ErrClosed), errors.As(err, &oe):
+		return 0
+	}
+	return http.StatusBadRequest
+}
+
 // idempotent per RFC 9110 §9.2.2.
 func idempotent(m string) bool {
 	switch m {
@@ -505,7 +553,7 @@ func (p *httpProxy) serveUpgrade(w http.ResponseWriter, r *http.Request, g *Grou
 	}
 	bc := newBackendConn(c, s.group.cfg.ReadTimeout, s.group.poll.pick())
 	defer bc.close()
-	if err := writeRequest(bc.bw, r, p.tls, true); err != nil {
+	if err := writeRequest(bc.bw, r, p.tls, true, p.bodyReads(w)); err != nil {
 		s.noteFailure()
 		http.Error(w, "bad gateway", http.StatusBadGateway)
 		return http.StatusBadGateway

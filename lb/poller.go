@@ -249,6 +249,9 @@ func (p *poller) dispatch(n int) {
 			continue
 		}
 		if int(i) < len(p.slots) && p.slots[i].gen == gen && p.slots[i].s != nil {
+			if ev.Events&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
+				p.slots[i].s.hup.Store(true) // before the wake-up: see sockIO.hup
+			}
 			if s := p.slots[i].s; s.loop.Load() == p {
 				p.inline = append(p.inline, s)
 			} else {

@@ -56,9 +56,15 @@ type sockIO struct {
 	// the socket; unless an edge has been delivered since (a token in
 	// wake), a new read could only find it empty (see readPolled).
 	drained bool
-	dlNano  atomic.Int64
-	tm      *time.Timer
-	tmAt    int64
+	// hup: the peer has shut down its side (or the socket failed). An edge
+	// that brings the last data and the FIN together is the last edge, so
+	// after it a short read does not mean "wait for the next edge": the
+	// next read returns the end (a half-closed client was otherwise kept
+	// until idle-timeout).
+	hup    atomic.Bool
+	dlNano atomic.Int64
+	tm     *time.Timer
+	tmAt   int64
 
 	// Event-loop mode (see eventloop.go): while loop is set, that poller's
 	// goroutine owns the socket; its readiness, deadline timer and kicks
@@ -297,7 +303,7 @@ func (s *sockIO) doRead(fd uintptr) bool {
 		switch errno {
 		case 0:
 			s.n = n
-			s.drained = n > 0 && n < len(s.buf)
+			s.drained = n > 0 && n < len(s.buf) && !s.hup.Load()
 			if n == 0 {
 				s.err = io.EOF
 			}

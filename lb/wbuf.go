@@ -1,6 +1,9 @@
 package lb
 
-import "io"
+import (
+	"io"
+	"strconv"
+)
 
 // wbuf is a write buffer like bufio.Writer, with one addition: pend leaves
 // its contents to be sent at the start of the connection's next read
@@ -100,4 +103,18 @@ func (b *wbuf) WriteByte(c byte) error {
 	}
 	b.buf = append(b.buf, c)
 	return nil
+}
+
+// writeInt writes n in decimal without the allocation of strconv.Itoa
+// (which only caches numbers below 100: status codes and lengths are not).
+func (b *wbuf) writeInt(n int64) {
+	if b.err != nil {
+		return
+	}
+	if cap(b.buf)-len(b.buf) < 20 {
+		if b.Flush() != nil {
+			return
+		}
+	}
+	b.buf = strconv.AppendInt(b.buf, n, 10)
 }
