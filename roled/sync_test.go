@@ -1,6 +1,8 @@
 package roled
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,11 +19,23 @@ import (
 func TestSyncFollowsRole(t *testing.T) {
 	skipShort(t)
 	c := etcdtest.New(t)
+	// The receivers listen on addresses of their own (sync.listen), so the
+	// test picks ports and frees them. It picks them below Linux's
+	// ephemeral range (32768-60999): a port the kernel handed out with :0
+	// can be taken by any outgoing connection of a test running beside this
+	// one before the receiver binds it (seen in CI: bind: address already
+	// in use, and the sender talking to a stranger).
 	addr := func() string {
-		ln := listenLocal(t)
-		a := ln.Addr().(*net.TCPAddr).String()
-		ln.Close()
-		return a
+		for range 1000 {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", 20000+rand.IntN(12000)))
+			if err == nil {
+				a := ln.Addr().(*net.TCPAddr).String()
+				ln.Close()
+				return a
+			}
+		}
+		t.Fatal("no free port below the ephemeral range")
+		return ""
 	}
 	pa, pb := addr(), addr()
 	roots := map[string]string{"A": t.TempDir(), "B": t.TempDir()}
