@@ -35,14 +35,18 @@ func engines() []variant {
 	}
 }
 
-// set makes cfg's first listener serve v (TLS: a fresh self-signed
-// ECDSA P-256 certificate).
+// set makes cfg's listeners serve v (TLS: a fresh self-signed ECDSA
+// P-256 certificate).
 func (v variant) set(t testing.TB, cfg *Config) {
 	t.Helper()
-	lc := &cfg.Listeners[0]
-	lc.Engine = v.engine
+	var cert, key string
 	if v.tls {
-		lc.TLS.CertFile, lc.TLS.KeyFile = selfSigned(t)
+		cert, key = selfSigned(t)
+	}
+	for i := range cfg.Listeners {
+		lc := &cfg.Listeners[i]
+		lc.Engine = v.engine
+		lc.TLS.CertFile, lc.TLS.KeyFile = cert, key
 	}
 }
 
