@@ -2,6 +2,8 @@ package lb
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,16 +11,22 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 )
 
 // echoBackend reports what it received and offers streaming and upgrade.
@@ -275,4 +283,72 @@ func selfSigned(t testing.TB) (certFile, keyFile string) {
 	_ = os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
 	_ = os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
 	return certFile, keyFile
+}
+
+// TestTLSReloadAndShutdown: a reload's certificate is what new handshakes
+// get, on HTTP/1.1 and HTTP/2 alike; at shutdown idle TLS connections of
+// both kinds are closed at once, not after shutdown-timeout.
+func TestTLSReloadAndShutdown(t *testing.T) {
+	be := echoBackend(t)
+	cfg := poolConfig(be)
+	cfg.ShutdownTimeout = 20 * time.Second
+	variant{engine: "fast", tls: true}.set(t, &cfg)
+	l, err := New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	<-l.Ready()
+	addr := l.ListenerAddr("web").String()
+	leaf := func(alpn string) []byte {
+		c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{alpn}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].Raw
+	}
+	before := leaf("http/1.1")
+	cfg2 := cfg
+	cfg2.Listeners = slices.Clone(cfg.Listeners)
+	variant{engine: "fast", tls: true}.set(t, &cfg2)
+	if err := l.Reload(cfg2); err != nil {
+		t.Fatal(err)
+	}
+	for _, alpn := range []string{"http/1.1", "h2"} {
+		if bytes.Equal(leaf(alpn), before) {
+			t.Errorf("ALPN %s: the old certificate after reload", alpn)
+		}
+	}
+	// Idle connections of both kinds, then shutdown.
+	var clients []*http.Client
+	for _, alpn := range [][]string{{"http/1.1"}, {"h2", "http/1.1"}} {
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true, NextProtos: alpn}, ForceAttemptHTTP2: len(alpn) == 2}}
+		resp, err := c.Get("https://" + addr + "/echo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		clients = append(clients, c)
+	}
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("run: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("lb did not stop")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("shutdown took %v with idle TLS connections (shutdown-timeout 20s)", d)
+	}
+	for _, c := range clients {
+		c.CloseIdleConnections()
+	}
 }
