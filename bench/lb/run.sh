@@ -26,11 +26,14 @@
 # Knobs: DUR (s per wrk run, 5), ROUNDS (3), CONNS (50), WRK_THREADS (2), FLIPS (10),
 #   HLB_ENV (extra environment for hapair-lb, e.g. "GOGC=400"), HLB_CONF (extra
 #   top-level lb.yaml lines for hapair-lb, e.g. "event-loop: on"); selection (same
-#   method, fewer cells): SIZES ("small big"), WORKERS ("1 2"), KINDS ("direct
+#   method, fewer cells): SIZES ("small big tls"), WORKERS ("1 2"), KINDS ("direct
 #   nginx haproxy hapair-lb"; nginx is the ratios' reference; SIZES cells: small
 #   big tls). A/B runs: kind
 #   "hapair-lb-b" runs HLB_BIN_B (a hapair-lb binary, default the one built)
-#   with HLB_ENV_B and HLB_CONF_B instead of HLB_ENV and HLB_CONF.
+#   with HLB_ENV_B and HLB_CONF_B instead of HLB_ENV and HLB_CONF, and
+#   HLB_TLS_B (fields of its TLS listener, default "tls-session-tickets: false";
+#   e.g. "engine: std, tls-session-tickets: false" for net/http's TLS path, ""
+#   for a binary older than that field) instead of HLB_TLS_OPTS (the same for A).
 # Each round also prints p99.9 (from a wrk script that only reports; the
 #   requests stay wrk's static ones), and a per-round p99 ratio table.
 # Packages: nginx-light (or nginx), haproxy, wrk, openssl, etcd-server; Go to build.
@@ -194,11 +197,11 @@ EOF
 		start hap haproxy -db -f "$W/haproxy.cfg"
 		PROXY_PID=$PID_hap; PROXY_ADDR=$HAP; PROXY_TLS_ADDR=$HAP_TLS ;;
 	hapair-lb)
-		hlb_yaml "$HLB" "$HLB_TLS" "${HLB_CONF:-}" >"$W/lb.yaml"
+		hlb_yaml "$HLB" "$HLB_TLS" "${HLB_CONF:-}" "${HLB_TLS_OPTS-tls-session-tickets: false}" >"$W/lb.yaml"
 		start hlb env GOMAXPROCS="$n" ${HLB_ENV:-} "$W/hapair-lb" --config "$W/lb.yaml"
 		PROXY_PID=$PID_hlb; PROXY_ADDR=$HLB; PROXY_TLS_ADDR=$HLB_TLS ;;
 	hapair-lb-b)
-		hlb_yaml "$HLB_B" "$HLB_B_TLS" "${HLB_CONF_B:-}" >"$W/lb-b.yaml"
+		hlb_yaml "$HLB_B" "$HLB_B_TLS" "${HLB_CONF_B:-}" "${HLB_TLS_B-tls-session-tickets: false}" >"$W/lb-b.yaml"
 		start hlbb env GOMAXPROCS="$n" ${HLB_ENV_B:-} "${HLB_BIN_B:-$W/hapair-lb}" --config "$W/lb-b.yaml"
 		PROXY_PID=$PID_hlbb; PROXY_ADDR=$HLB_B; PROXY_TLS_ADDR=$HLB_B_TLS ;;
 	esac
@@ -206,14 +209,14 @@ EOF
 	wait_port "$PROXY_TLS_ADDR"
 }
 
-hlb_yaml() { # hlb_yaml LISTEN TLS-LISTEN EXTRA-LINES: the hapair-lb config, alike for A and B
+hlb_yaml() { # hlb_yaml LISTEN TLS-LISTEN EXTRA-LINES TLS-FIELDS: the hapair-lb config, alike for A and B
 	cat <<EOF
 log-level: warn
 admin: {listen: ""}
 $3
 listeners:
   - {name: web, listen: "$1", backend: be}
-  - {name: web-tls, listen: "$2", backend: be, tls: {cert-file: "$W/tls.crt", key-file: "$W/tls.key"}, tls-session-tickets: false}
+  - {name: web-tls, listen: "$2", backend: be, tls: {cert-file: "$W/tls.crt", key-file: "$W/tls.key"}${4:+, $4}}
 backends:
   - name: be
     kind: pool
