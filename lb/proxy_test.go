@@ -188,12 +188,15 @@ func TestProxyCorrectness(t *testing.T) {
 // engine fast, HTTP/2 goes to net/http and HTTP/1.1 (or no ALPN) to the
 // fast engine (seen by its refusal of a bare-LF head, which net/http
 // accepts); both tell the backend X-Forwarded-Proto: https. Plain HTTP sent
-// to it gets a readable 400.
+// to it gets a readable 400. The fast engine also with fifo-reads off
+// (its socket then waits on Go's poller alone).
 func TestTLSListener(t *testing.T) {
 	be := echoBackend(t)
-	for _, engine := range []string{"fast", "std"} {
-		t.Run(engine, func(t *testing.T) {
+	for _, mode := range []struct{ engine, fifo string }{{"fast", "on"}, {"fast", "off"}, {"std", "on"}} {
+		engine := mode.engine
+		t.Run(engine+"/fifo-reads-"+mode.fifo, func(t *testing.T) {
 			cfg := poolConfig(be)
+			cfg.FIFOReads = mode.fifo
 			v := variant{engine: engine, tls: true}
 			v.set(t, &cfg)
 			l := startLB(t, cfg, nil)
