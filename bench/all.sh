@@ -3,6 +3,7 @@
 # after another, then one table (bench/report) written to bench/RESULTS.md:
 #
 #   balancer  bench/lb/run.sh throughput + switch   vs Nginx 1.22 / HAProxy 2.6
+#             (cells 100 B, 16 KiB, 100 B over TLS; then 1,000 connections, 100 B)
 #   sync      bench/sync/run.sh                      vs lsyncd + rsync
 #   witness   bench/witness/bench.sh                 vs stock etcd
 #   roled     bench/roled/run.sh                     /ha-health load, idle cost, role flip
@@ -59,11 +60,13 @@ fi
 
 if [ "$QUICK" = 1 ]; then
 	LB_ENV=(DUR=3 ROUNDS=1 FLIPS=4)
+	LB_C1000_ROUNDS=1
 	SYNC_ARGS=(-rounds 1 -small 5 -slow-small 1 -skip-delay15)
 	WIT_ENV=(DURATION=20 JOINS=2)
 	ROLED_ENV=(IDLE=10s DURATION=5s FLIPS=5)
 else
 	LB_ENV=()
+	LB_C1000_ROUNDS=2
 	SYNC_ARGS=(-rounds 5)
 	WIT_ENV=()
 	ROLED_ENV=()
@@ -86,6 +89,7 @@ for p in $PARTS; do
 	case $p in
 	lb)
 		part lb-throughput env "${LB_ENV[@]}" bench/lb/run.sh throughput
+		part lb-c1000 env "${LB_ENV[@]}" CONNS=1000 SIZES=small WORKERS=1 ROUNDS=$LB_C1000_ROUNDS bench/lb/run.sh throughput
 		part lb-switch env "${LB_ENV[@]}" bench/lb/run.sh switch ;;
 	sync) part sync bench/sync/run.sh -work "$MNT/sync" "${SYNC_ARGS[@]}" ;;
 	witness) part witness env "${WIT_ENV[@]}" bench/witness/bench.sh ;;

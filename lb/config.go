@@ -52,12 +52,19 @@ type AdminConfig struct {
 
 // ListenerConfig is one client-facing listener bound to one backend.
 type ListenerConfig struct {
-	Name              string        `yaml:"name"`
-	Listen            string        `yaml:"listen"`
-	Mode              string        `yaml:"mode"`   // http or tcp
-	Engine            string        `yaml:"engine"` // http: fast (lean HTTP/1.1) or std (net/http); TLS always uses std
-	Backend           string        `yaml:"backend"`
-	TLS               config.TLS    `yaml:"tls"`
+	Name   string `yaml:"name"`
+	Listen string `yaml:"listen"`
+	Mode   string `yaml:"mode"` // http or tcp
+	// Engine is the HTTP/1.1 implementation: fast (default; hapair's own,
+	// plain or over TLS) or std (net/http). On a TLS listener HTTP/2 (ALPN
+	// h2) is always net/http's. Applies at start.
+	Engine  string     `yaml:"engine"`
+	Backend string     `yaml:"backend"`
+	TLS     config.TLS `yaml:"tls"`
+	// TLSSessionTickets lets TLS clients resume sessions by ticket (default
+	// true). false: every new connection makes a full handshake (Go's TLS
+	// server keeps no session cache). Applies on reload.
+	TLSSessionTickets *bool         `yaml:"tls-session-tickets"`
 	MaxHeaderBytes    int           `yaml:"max-header-bytes"`
 	MaxHeaderCount    int           `yaml:"max-header-count"`
 	ReadHeaderTimeout time.Duration `yaml:"read-header-timeout"`
@@ -247,6 +254,9 @@ func (l *ListenerConfig) validate(p string, backends map[string]Kind) error {
 		if err := l.TLS.Validate(p + ".tls"); err != nil {
 			return err
 		}
+	}
+	if l.TLSSessionTickets != nil && !l.TLS.Enabled() {
+		return config.Errorf(p+".tls-session-tickets", *l.TLSSessionTickets, "needs tls.cert-file and tls.key-file")
 	}
 	if l.Engine == "" {
 		l.Engine = "fast"

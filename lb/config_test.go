@@ -27,6 +27,7 @@ func TestValidateNamesField(t *testing.T) {
 		{"listeners[0].backend", func(c *Config) { c.Listeners[0].Backend = "nope" }},
 		{"listeners[0].mode", func(c *Config) { c.Listeners[0].Mode = "udp" }},
 		{"listeners[0].engine", func(c *Config) { c.Listeners[0].Engine = "turbo" }},
+		{"listeners[0].tls-session-tickets", func(c *Config) { off := false; c.Listeners[0].TLSSessionTickets = &off }},
 		{"backends[0].kind", func(c *Config) { c.Backends[0].Kind = "magic" }},
 		{"backends[0].balance", func(c *Config) { c.Backends[0].Balance = "random" }},
 		{"backends[0].servers[0].address", func(c *Config) { c.Backends[0].Servers[0].Address = "nohost" }},

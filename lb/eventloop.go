@@ -192,7 +192,7 @@ func (hc *h1Conn) fastRequest() {
 		hc.handoffAttempt(attempt{srv: srv, bc: bc})
 		return
 	}
-	writeRequestHead(bc.bw, req, hc.ip, false)
+	writeRequestHead(bc.bw, req, hc.ip, false, false) // the loop serves plain HTTP only
 	bs := bc.sock
 	bs.idle = 0
 	bs.owner, bs.nb = hc, true

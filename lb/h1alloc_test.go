@@ -31,7 +31,7 @@ func TestCommonPathNoAlloc(t *testing.T) {
 		if err := resp.parseResponse(); err != nil {
 			t.Fatal(err)
 		}
-		writeRequestHead(bw, &req, "127.0.0.1", false)
+		writeRequestHead(bw, &req, "127.0.0.1", false, false)
 		s.writeResponseHead(hc, &req, &resp)
 		_ = bw.Flush()
 	}

@@ -3,6 +3,7 @@ package lb
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -15,10 +16,10 @@ import (
 	"go.uber.org/zap"
 )
 
-// h1Server is the lean HTTP/1.1 server of plain-HTTP listeners: one
-// goroutine per client connection, heads parsed in place, pooled backend
-// connections, no per-request allocation on the common path. TLS listeners
-// (HTTP/2) use net/http and httpProxy instead.
+// h1Server is the lean HTTP/1.1 server of engine-fast listeners, plain or
+// TLS (h1tls.go): one goroutine per client connection, heads parsed in
+// place, pooled backend connections, no per-request allocation on the
+// common path. HTTP/2 (ALPN h2) goes to net/http and httpProxy.
 type h1Server struct {
 	route     atomic.Pointer[route]
 	lg        *zap.Logger
@@ -29,6 +30,10 @@ type h1Server struct {
 	conns     map[*h1Conn]struct{}
 	poll      *pollSet // nil: reads wait on Go's poller
 	loop      bool     // idle connections go to the pollers' event loops (see eventloop.go)
+	// TLS listeners only: the server side of every handshake, and where
+	// connections whose client chose HTTP/2 go (net/http's server).
+	tlsc *tls.Config
+	h2   *connQueue
 }
 
 // Connection states for graceful shutdown.
@@ -40,8 +45,9 @@ const (
 
 // h1Conn is one client connection with its reusable buffers.
 type h1Conn struct {
-	c     net.Conn
-	sock  *sockIO // I/O and read deadlines of c
+	c     net.Conn // the client connection (a *tls.Conn on TLS listeners)
+	sock  *sockIO  // I/O and read deadlines of c
+	tcp   *sockIO  // TLS only: the socket's raw I/O under c (see h1tls.go)
 	br    *bufio.Reader
 	bw    *wbuf
 	state atomic.Int32
@@ -67,7 +73,7 @@ var h1WriterPool = sync.Pool{New: func() any { return newWbuf(nil, h1WriterSize)
 // serve accepts client connections until ln is closed.
 func (s *h1Server) serve(ln net.Listener) error {
 	return acceptLoop(ln, func(c net.Conn) {
-		hc := &h1Conn{c: c, sock: newSockIO(c, s.poll.pick()), srv: s}
+		hc := s.newConn(c)
 		s.mu.Lock()
 		if s.conns == nil {
 			s.conns = map[*h1Conn]struct{}{}
@@ -137,6 +143,9 @@ func (s *h1Server) handle(hc *h1Conn) {
 		hc.ip = a.IP.String()
 	}
 	lc := s.route.Load().lc
+	if hc.tcp != nil && !s.handshake(hc, lc) {
+		return
+	}
 	hc.br = bufio.NewReaderSize(hc.sock, lc.MaxHeaderBytes+1024)
 	hc.req.raw = make([]byte, 0, 1024)
 	hc.resp.raw = make([]byte, 0, 1024)
@@ -200,7 +209,15 @@ func (s *h1Server) toLoop(hc *h1Conn) bool {
 func (s *h1Server) finish(hc *h1Conn) {
 	_ = hc.c.Close()
 	hc.sock.release()
+	if hc.tcp != nil {
+		hc.tcp.release()
+	}
 	hc.releaseWriter()
+	s.forget(hc)
+}
+
+// forget drops hc from the connections shutdown waits for.
+func (s *h1Server) forget(hc *h1Conn) {
 	s.mu.Lock()
 	delete(s.conns, hc)
 	s.mu.Unlock()
@@ -418,7 +435,7 @@ func (s *h1Server) exchange(hc *h1Conn, srv *Server, bc *backendConn, at *attemp
 		stage = at.stage
 	}
 	if stage == stageNew {
-		writeRequestHead(bc.bw, req, hc.ip, false)
+		writeRequestHead(bc.bw, req, hc.ip, s.tlsc != nil, false)
 		if err := s.sendBody(hc, bc); err != nil {
 			bc.close()
 			if errors.Is(err, errClientBody) {
@@ -617,8 +634,8 @@ func copyAll(dst *wbuf, src *bufio.Reader) error {
 }
 
 // writeRequestHead writes the request line, end-to-end headers and the
-// forwarding headers to the backend.
-func writeRequestHead(bw *wbuf, req *head, ip string, upgrade bool) {
+// forwarding headers to the backend; tlsIn: the client came over TLS.
+func writeRequestHead(bw *wbuf, req *head, ip string, tlsIn, upgrade bool) {
 	bw.Write(req.method)
 	bw.WriteByte(' ')
 	bw.Write(req.uri)
@@ -634,7 +651,11 @@ func writeRequestHead(bw *wbuf, req *head, ip string, upgrade bool) {
 	bw.WriteString(ip)
 	bw.WriteString("\r\nX-Real-IP: ")
 	bw.WriteString(ip)
-	bw.WriteString("\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: ")
+	if tlsIn {
+		bw.WriteString("\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: ")
+	} else {
+		bw.WriteString("\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: ")
+	}
 	bw.Write(req.host)
 	bw.WriteString("\r\n")
 	if upgrade {
@@ -656,9 +677,15 @@ func writeRequestHead(bw *wbuf, req *head, ip string, upgrade bool) {
 
 // lingerClose half-closes and drains briefly what the client is still
 // sending, so it reads our error instead of a reset (as net/http does).
+// Over TLS: close_notify, then the TCP half-close under it, then the
+// drain of the raw bytes (their records need no decrypting).
 func lingerClose(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
+	if tc, ok := c.(*tls.Conn); ok {
 		_ = tc.CloseWrite()
+		c = tc.NetConn()
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
 	}
 	_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
 	_, _ = io.Copy(io.Discard, io.LimitReader(c, 1<<20))
@@ -710,7 +737,7 @@ func (s *h1Server) upgrade(hc *h1Conn, g *Group) int {
 	}
 	bc := newBackendConn(c, g.cfg.ReadTimeout, g.poll.pick())
 	defer bc.close()
-	writeRequestHead(bc.bw, &hc.req, hc.ip, true)
+	writeRequestHead(bc.bw, &hc.req, hc.ip, s.tlsc != nil, true)
 	if err := s.sendBody(hc, bc); err != nil {
 		code := 502
 		if errors.Is(err, errClientBody) {

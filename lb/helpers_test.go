@@ -111,7 +111,7 @@ type testLB struct {
 	reg *prometheus.Registry
 }
 
-func startLB(t *testing.T, cfg Config, setup func(*LB)) *testLB {
+func startLB(t testing.TB, cfg Config, setup func(*LB)) *testLB {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	lg := zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))

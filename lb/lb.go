@@ -62,11 +62,14 @@ type listener struct {
 	lc   ListenerConfig
 	ln   net.Listener
 	srv  *http.Server
-	hp   *httpProxy // net/http engine (TLS, HTTP/2, engine: std)
-	h1   *h1Server  // lean HTTP/1.1 engine (plain HTTP)
+	hp   *httpProxy // net/http engine (engine: std; HTTP/2 of a TLS listener)
+	h1   *h1Server  // lean HTTP/1.1 engine (engine: fast, plain or TLS)
 	tcp  *tcpProxy
 	tlsc atomic.Pointer[tls.Config]
 	done chan struct{}
+	// engine fast with TLS: srv serves the HTTP/2 connections h1 hands
+	// over, and h2done is closed when that ends.
+	h2done chan struct{}
 }
 
 // New builds the balancer; nothing listens or runs until Run.
@@ -229,6 +232,17 @@ func (l *LB) closeListeners(ctx context.Context, list []*listener) {
 // WaitGroup the drain waits on, and an Add racing a Wait is a bug.
 func (ln *listener) shutdown(ctx context.Context, lg *zap.Logger) {
 	switch {
+	case ln.h1 != nil && ln.srv != nil: // TLS: HTTP/1.1 here, HTTP/2 in srv
+		_ = ln.ln.Close()
+		<-ln.done
+		var wg sync.WaitGroup
+		wg.Go(func() { ln.h1.shutdown(ctx) })
+		if err := ln.srv.Shutdown(ctx); err != nil {
+			lg.Warn("drain deadline passed, closing connections", zap.String("listener", ln.lc.Name))
+			_ = ln.srv.Close()
+		}
+		wg.Wait()
+		<-ln.h2done
 	case ln.h1 != nil:
 		_ = ln.ln.Close()
 		<-ln.done
@@ -508,17 +522,21 @@ func (l *LB) swapRoute(ln *listener, old, lc ListenerConfig, groups map[string]*
 	if ln.h1 != nil {
 		ln.h1.route.Store(rt)
 		ln.h1.accessLog.Store(l.cfg.AccessLog)
-	} else if ln.hp != nil {
+	}
+	if ln.hp != nil {
 		ln.hp.route.Store(rt)
 		ln.hp.accessLog = l.cfg.AccessLog
-		if lc.TLS.Enabled() {
-			if tc, err := lc.TLS.ServerConfig(); err == nil {
-				tc.NextProtos = []string{"h2", "http/1.1"}
-				ln.tlsc.Store(tc)
-			}
-		}
-	} else {
+	}
+	if ln.tcp != nil {
 		ln.tcp.route.Store(rt)
+	}
+	if lc.TLS.Enabled() && ln.tlsc.Load() != nil {
+		// New handshakes take the reloaded certificate (GetConfigForClient).
+		if tc, err := lc.serverTLS(); err == nil {
+			ln.tlsc.Store(tc)
+		} else {
+			l.lg.Warn("TLS reload failed; keeping the previous certificate", zap.String("listener", lc.Name), zap.Error(err))
+		}
 	}
 	// The fast engine reads limits and timeouts per request from the route;
 	// net/http fixes them when the server is created.
@@ -552,34 +570,53 @@ func (l *LB) openListener(lc ListenerConfig, g *Group) (*listener, error) {
 		lg.Info("listening", zap.String("addr", nl.Addr().String()), zap.String("mode", "tcp"))
 		return ln, nil
 	}
-	if !lc.TLS.Enabled() && lc.Engine == "fast" {
+	var tlsBase *tls.Config
+	if lc.TLS.Enabled() {
+		tc, err := lc.serverTLS()
+		if err != nil {
+			_ = nl.Close()
+			return nil, fmt.Errorf("listener %s: %w", lc.Name, err)
+		}
+		ln.tlsc.Store(tc)
+		// Every handshake takes the current certificate (swapped on reload).
+		tlsBase = &tls.Config{NextProtos: []string{"h2", "http/1.1"},
+			GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return ln.tlsc.Load(), nil }}
+	}
+	if lc.Engine == "fast" {
 		ln.h1 = &h1Server{lg: lg.Named("access"), poll: l.poll, loop: l.poll != nil && modeOn(l.cfg.EventLoop)}
 		ln.h1.route.Store(rt)
 		ln.h1.accessLog.Store(l.cfg.AccessLog)
+		if lc.TLS.Enabled() {
+			ln.h1.tlsc = tlsBase
+			ln.h1.h2 = newConnQueue(nl.Addr())
+			ln.hp = &httpProxy{lg: lg.Named("access"), accessLog: l.cfg.AccessLog, tls: true}
+			ln.hp.route.Store(rt)
+			ln.srv = stdServer(lc, ln.hp, lg)
+			ln.h2done = make(chan struct{})
+			go func() {
+				defer close(ln.h2done)
+				// No TLSConfig: Serve then sets HTTP/2 up for the
+				// *tls.Conn it gets with h2 negotiated.
+				if err := ln.srv.Serve(ln.h1.h2); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					lg.Error("HTTP/2 serve failed", zap.Error(err))
+				}
+			}()
+		}
 		go func() {
 			defer close(ln.done)
 			if err := ln.h1.serve(nl); err != nil {
 				lg.Error("accept failed", zap.Error(err))
 			}
 		}()
-		lg.Info("listening", zap.String("addr", nl.Addr().String()), zap.String("mode", "http"), zap.String("engine", "fast"))
+		lg.Info("listening", zap.String("addr", nl.Addr().String()), zap.String("mode", "http"), zap.String("engine", "fast"),
+			zap.Bool("tls", lc.TLS.Enabled()))
 		return ln, nil
 	}
 	ln.hp = &httpProxy{lg: lg.Named("access"), accessLog: l.cfg.AccessLog, tls: lc.TLS.Enabled()}
 	ln.hp.route.Store(rt)
-	errLog, _ := zap.NewStdLogAt(lg.Named("http"), zapcore.DebugLevel)
-	ln.srv = &http.Server{Handler: ln.hp, ReadHeaderTimeout: lc.ReadHeaderTimeout, IdleTimeout: lc.IdleTimeout,
-		WriteTimeout: lc.WriteTimeout, MaxHeaderBytes: lc.MaxHeaderBytes, ErrorLog: errLog}
+	ln.srv = stdServer(lc, ln.hp, lg)
 	if lc.TLS.Enabled() {
-		tc, err := lc.TLS.ServerConfig()
-		if err != nil {
-			_ = nl.Close()
-			return nil, fmt.Errorf("listener %s: %w", lc.Name, err)
-		}
-		tc.NextProtos = []string{"h2", "http/1.1"}
-		ln.tlsc.Store(tc)
-		ln.srv.TLSConfig = &tls.Config{NextProtos: []string{"h2", "http/1.1"},
-			GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return ln.tlsc.Load(), nil }}
+		ln.srv.TLSConfig = tlsBase
 	}
 	go func() {
 		defer close(ln.done)
@@ -593,6 +630,28 @@ func (l *LB) openListener(lc ListenerConfig, g *Group) (*listener, error) {
 			lg.Error("serve failed", zap.Error(err))
 		}
 	}()
-	lg.Info("listening", zap.String("addr", nl.Addr().String()), zap.String("mode", "http"), zap.Bool("tls", lc.TLS.Enabled()))
+	lg.Info("listening", zap.String("addr", nl.Addr().String()), zap.String("mode", "http"), zap.String("engine", "std"),
+		zap.Bool("tls", lc.TLS.Enabled()))
 	return ln, nil
+}
+
+// stdServer is the net/http server of a listener (engine std, or the
+// HTTP/2 side of a TLS listener).
+func stdServer(lc ListenerConfig, hp *httpProxy, lg *zap.Logger) *http.Server {
+	errLog, _ := zap.NewStdLogAt(lg.Named("http"), zapcore.DebugLevel)
+	return &http.Server{Handler: hp, ReadHeaderTimeout: lc.ReadHeaderTimeout, IdleTimeout: lc.IdleTimeout,
+		WriteTimeout: lc.WriteTimeout, MaxHeaderBytes: lc.MaxHeaderBytes, ErrorLog: errLog}
+}
+
+// serverTLS is the TLS server configuration of a listener: its
+// certificate, HTTP/2 and HTTP/1.1 offered by ALPN, session tickets as
+// configured.
+func (lc ListenerConfig) serverTLS() (*tls.Config, error) {
+	tc, err := lc.TLS.ServerConfig()
+	if err != nil {
+		return nil, err
+	}
+	tc.NextProtos = []string{"h2", "http/1.1"}
+	tc.SessionTicketsDisabled = lc.TLSSessionTickets != nil && !*lc.TLSSessionTickets
+	return tc, nil
 }

@@ -58,21 +58,21 @@ func TestDecideRetry(t *testing.T) {
 // and is gone: a replay would take the client's next bytes as the body, or
 // wait for them); the client gets 502 at once, on both engines.
 func TestNoReplayOfABody(t *testing.T) {
-	for _, engine := range engines() {
-		t.Run(engine, func(t *testing.T) {
+	for _, v := range engines() {
+		t.Run(v.String(), func(t *testing.T) {
 			be := closingBackend(t)
 			cfg := poolConfig(be.Addr().String())
-			cfg.Listeners[0].Engine = engine
+			v.set(t, &cfg)
 			cfg.Backends[0].ResponseHeaderTimeout = 5 * time.Second
 			l := startLB(t, cfg, nil)
 			addr := l.ListenerAddr("web").String()
 			// The first request leaves a pooled connection that the
 			// backend closes after answering.
-			st, _, _ := rawExchange(t, addr, "GET /first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", -1, false)
+			st, _, _ := rawExchange(t, v, addr, "GET /first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", -1, false)
 			if len(st) != 1 || st[0] != 200 {
 				t.Fatalf("first request: %v", st)
 			}
-			st, _, _ = rawExchange(t, addr, "PUT /put HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbody", -1, false)
+			st, _, _ = rawExchange(t, v, addr, "PUT /put HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nConnection: close\r\n\r\nbody", -1, false)
 			if len(st) != 1 || st[0] == http.StatusGatewayTimeout {
 				t.Errorf("PUT on a stale connection: statuses %v, want one answer (200 or 502), not a wait", st)
 			}

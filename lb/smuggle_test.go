@@ -416,18 +416,15 @@ func stdAccepts(tc smuggleCase, msg string) smuggleCase {
 // rawExchange sends raw on a new connection and reads n responses (-1:
 // until the end); closed tells whether the balancer closed it (known only
 // with -1).
-func rawExchange(t *testing.T, addr, raw string, n int, halfClose bool) (statuses []int, bodies []string, closed bool) {
+func rawExchange(t *testing.T, v variant, addr, raw string, n int, shut bool) (statuses []int, bodies []string, closed bool) {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := v.dial(t, addr)
 	defer c.Close()
 	if _, err := io.WriteString(c, raw); err != nil {
 		t.Fatal(err)
 	}
-	if halfClose {
-		_ = c.(*net.TCPConn).CloseWrite()
+	if shut {
+		halfClose(c)
 	}
 	// Generous: every answer here comes at once or after the 300 ms body
 	// timeout; the idle timeout (60 s) is far beyond it.
@@ -454,33 +451,33 @@ func rawExchange(t *testing.T, addr, raw string, n int, halfClose bool) (statuse
 	return statuses, bodies, false // kept alive (not waited for: n answers were asked for)
 }
 
-func smuggleLB(t *testing.T, engine, backend string) string {
+func smuggleLB(t *testing.T, v variant, backend string) string {
 	cfg := poolConfig(backend)
-	cfg.Listeners[0].Engine = engine
+	v.set(t, &cfg)
 	cfg.Listeners[0].ClientBodyTimeout = 300 * time.Millisecond
 	cfg.Backends[0].ResponseHeaderTimeout = 5 * time.Second
 	l := startLB(t, cfg, nil)
 	return l.ListenerAddr("web").String()
 }
 
-// TestSmuggling is the suite: every case on both engines, both backend
-// parsers.
+// TestSmuggling is the suite: every case on both engines, plain and over
+// TLS, both backend parsers.
 func TestSmuggling(t *testing.T) {
-	for _, engine := range engines() {
+	for _, v := range engines() {
 		for _, strict := range []bool{true, false} {
 			parser := map[bool]string{true: "strict", false: "lenient"}[strict]
-			t.Run(engine+"/"+parser, func(t *testing.T) {
+			t.Run(v.String()+"/"+parser, func(t *testing.T) {
 				be := newRawBackend(t, strict)
-				addr := smuggleLB(t, engine, be.addr())
+				addr := smuggleLB(t, v, be.addr())
 				for i, tc := range smuggleCases() {
 					t.Run(tc.name, func(t *testing.T) {
-						if engine == "std" && tc.std != nil {
+						if v.engine == "std" && tc.std != nil {
 							std := *tc.std
 							std.name, std.raw, std.halfClose = tc.name, tc.raw, tc.halfClose
 							tc = std
 						}
 						be.reset()
-						statuses, _, closed := rawExchange(t, addr, tc.raw, tc.n, tc.halfClose)
+						statuses, _, closed := rawExchange(t, v, addr, tc.raw, tc.n, tc.halfClose)
 						if !slices.ContainsFunc(tc.status, func(s []int) bool { return slices.Equal(s, statuses) }) {
 							t.Errorf("statuses %v, want one of %v", statuses, tc.status)
 						}
@@ -488,7 +485,7 @@ func TestSmuggling(t *testing.T) {
 							t.Errorf("connection left open")
 						}
 						fresh := "/fresh-" + strconv.Itoa(i)
-						fs, fb, _ := rawExchange(t, addr, "GET "+fresh+" HTTP/1.1\r\n"+hx+"Connection: close\r\n\r\n", -1, false)
+						fs, fb, _ := rawExchange(t, v, addr, "GET "+fresh+" HTTP/1.1\r\n"+hx+"Connection: close\r\n\r\n", -1, false)
 						if len(fs) != 1 || fs[0] != 200 || fb[0] != fresh {
 							t.Errorf("fresh client got %v %q, want 200 %q", fs, fb, fresh)
 						}
@@ -513,19 +510,16 @@ func TestSmuggling(t *testing.T) {
 // whatever the length of its name, in requests and responses (the fast
 // engine used to keep names of 2, 4, 6, 7, 9, 10 and 14-19 characters).
 func TestHopByHopEveryLength(t *testing.T) {
-	for _, engine := range engines() {
-		t.Run(engine, func(t *testing.T) {
+	for _, v := range engines() {
+		t.Run(v.String(), func(t *testing.T) {
 			be := newRawBackend(t, true)
-			addr := smuggleLB(t, engine, be.addr())
+			addr := smuggleLB(t, v, be.addr())
 			names := hopNames("x-q")
 			raw := "GET /hop HTTP/1.1\r\n" + hx + "Connection: close, " + strings.Join(names, ", ") + "\r\n"
 			for _, n := range names {
 				raw += n + ": 1\r\n"
 			}
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := v.dial(t, addr)
 			defer c.Close()
 			if _, err := io.WriteString(c, raw+"\r\n"); err != nil {
 				t.Fatal(err)

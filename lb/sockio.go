@@ -32,11 +32,17 @@ type sockIO struct {
 	now  time.Time // when arm last read the clock (a cheap recent time)
 
 	// State of the call in progress, kept here so the callbacks are bound
-	// once per connection instead of allocating a closure per call.
+	// once per connection instead of allocating a closure per call. Reads
+	// and writes have their own, so one reader and one writer may run at
+	// once (a TLS connection's writes, an alert or an HTTP/2 frame, come
+	// from other goroutines than its reads).
 	rfn, wfn, ofn, nwfn func(fd uintptr) bool
-	buf                 []byte
+	buf                 []byte // read
 	n                   int
 	err                 error
+	wb                  []byte // write
+	wn                  int
+	werr                error
 
 	// out is sent at the start of the next Read, which then waits for the
 	// answer without a read attempt (see wbuf.pend). Only for backend
@@ -359,10 +365,10 @@ func (s *sockIO) writeNB(p []byte) (int, error) { return s.rawWrite(p, s.nwfn) }
 // rawWrite writes p through the raw connection with fn (doWrite, or
 // doWriteNB that never waits) and returns what fn wrote and its error.
 func (s *sockIO) rawWrite(p []byte, fn func(uintptr) bool) (int, error) {
-	s.buf, s.n, s.err = p, 0, nil
+	s.wb, s.wn, s.werr = p, 0, nil
 	err := s.rc.Write(fn)
-	n, werr := s.n, s.err
-	s.buf, s.err = nil, nil
+	n, werr := s.wn, s.werr
+	s.wb, s.werr = nil, nil
 	if err == nil {
 		err = werr
 	}
@@ -390,16 +396,16 @@ func (s *sockIO) Write(p []byte) (int, error) {
 }
 
 func (s *sockIO) doWrite(fd uintptr) bool {
-	for s.n < len(s.buf) {
-		n, errno := sysWrite(fd, s.buf[s.n:])
+	for s.wn < len(s.wb) {
+		n, errno := sysWrite(fd, s.wb[s.wn:])
 		switch errno {
 		case 0:
-			s.n += n
+			s.wn += n
 		case syscall.EINTR:
 		case syscall.EAGAIN:
 			return false // park until writable, then go on
 		default:
-			s.err = &net.OpError{Op: "write", Net: "tcp", Err: errno}
+			s.werr = &net.OpError{Op: "write", Net: "tcp", Err: errno}
 			return true
 		}
 	}

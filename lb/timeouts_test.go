@@ -65,15 +65,15 @@ func newStallingBackend(t *testing.T) *stallingBackend {
 // body and then stalls is cut after read-timeout, on both engines; the
 // client gets a truncated response instead of waiting forever.
 func TestBackendStallsMidBody(t *testing.T) {
-	for _, engine := range engines() {
-		t.Run(engine, func(t *testing.T) {
+	for _, v := range engines() {
+		t.Run(v.String(), func(t *testing.T) {
 			be := newStallingBackend(t)
 			cfg := poolConfig(be.ln.Addr().String())
-			cfg.Listeners[0].Engine = engine
+			v.set(t, &cfg)
 			cfg.Backends[0].ReadTimeout = 300 * time.Millisecond
 			l := startLB(t, cfg, nil)
-			c := newClient()
-			resp, err := c.Get(l.url("web") + "/stall")
+			c := v.client()
+			resp, err := c.Get(v.url(l, "web") + "/stall")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -103,10 +103,10 @@ func TestBackendStallsMidBody(t *testing.T) {
 // disconnects leaves the hold queue at once and is counted, on both
 // engines; it does not wait out hold-timeout.
 func TestHeldClientGoesAway(t *testing.T) {
-	for _, engine := range engines() {
-		t.Run(engine, func(t *testing.T) {
+	for _, v := range engines() {
+		t.Run(v.String(), func(t *testing.T) {
 			cfg := poolConfig("127.0.0.1:1")
-			cfg.Listeners[0].Engine = engine
+			v.set(t, &cfg)
 			cfg.Backends[0].HoldTimeout = durPtr(30 * time.Second)
 			l := startLB(t, cfg, func(l *LB) {
 				g := l.Group("pool")
@@ -115,10 +115,7 @@ func TestHeldClientGoesAway(t *testing.T) {
 			})
 			g := l.Group("pool")
 			for i := range 3 {
-				c, err := net.Dial("tcp", l.ListenerAddr("web").String())
-				if err != nil {
-					t.Fatal(err)
-				}
+				c := v.dial(t, l.ListenerAddr("web").String())
 				if _, err := io.WriteString(c, "GET /held HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
 					t.Fatal(err)
 				}

@@ -5,7 +5,7 @@ set -euo pipefail
 declare -A sets=(
   [test]="postgresql-15 haproxy prometheus ansible ansible-lint systemd iproute2 iptables patroni python3-etcd"
   [lab]="postgresql-15 patroni python3-etcd iproute2 iptables procps"
-  [bench]="haproxy nginx-light wrk etcd-server etcd-client rsync lsyncd procps jq bc curl prometheus e2fsprogs util-linux"
+  [bench]="haproxy nginx-light wrk openssl etcd-server etcd-client rsync lsyncd procps jq bc curl prometheus e2fsprogs util-linux"
 )
 want=()
 for s in "${@:-test}"; do
