@@ -272,19 +272,13 @@ func (m *madeDirs) close() {
 }
 
 func appendMadeLine(b []byte, p string, d madeDir) []byte {
-	b = append(b, '+', ' ')
-	b = strconv.AppendUint(b, d.Ino, 10)
-	b = append(b, ' ')
-	b = strconv.AppendInt(b, d.Ctime, 10)
-	b = append(b, ' ')
-	b = strconv.AppendQuote(b, p)
-	return append(b, '\n')
+	b = strconv.AppendUint(append(b, "+ "...), d.Ino, 10)
+	b = strconv.AppendInt(append(b, ' '), d.Ctime, 10)
+	return append(strconv.AppendQuote(append(b, ' '), p), '\n')
 }
 
 func appendSettledLine(b []byte, p string) []byte {
-	b = append(b, '-', ' ')
-	b = strconv.AppendQuote(b, p)
-	return append(b, '\n')
+	return append(strconv.AppendQuote(append(b, "- "...), p), '\n')
 }
 
 // parseMadeDirs replays the lines of a list, the last line of a path
