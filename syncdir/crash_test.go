@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -47,9 +48,70 @@ func TestCrashHelper(t *testing.T) {
 		os.Exit(2)
 	}
 	s.ln = ln
+	if at := env("DIE_AT"); at != "" {
+		// A kill between making a directory a change needs and the change.
+		die := func(rel string) {
+			if rel == at {
+				syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			}
+		}
+		s.afterMadeDir.Store(&die)
+	}
 	s.Run(context.Background()) // until SIGKILL
 	os.Exit(3)
 }
+
+// crashChild runs the crash helper as a receiver of root, state on ln.
+type crashChild struct {
+	t           *testing.T
+	p           *pki
+	root, state string
+	lnFile      *os.File
+	cmd         *exec.Cmd
+}
+
+func newCrashChild(t *testing.T, p *pki, root, state string) (*crashChild, net.Listener) {
+	ln := listen(t).(*net.TCPListener)
+	t.Cleanup(func() { ln.Close() })
+	lnFile, err := ln.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lnFile.Close() })
+	c := &crashChild{t: t, p: p, root: root, state: state, lnFile: lnFile}
+	t.Cleanup(func() {
+		if c.cmd != nil && c.cmd.ProcessState == nil {
+			c.kill()
+		}
+	})
+	return c, ln
+}
+
+// start runs a new receiver process; env is extra KEY=VALUE for the helper.
+func (c *crashChild) start(env ...string) {
+	c.t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$")
+	cmd.Env = append(os.Environ(), crashHelperEnv+"=1", crashHelperEnv+"_STATE="+c.state, crashHelperEnv+"_ROOT="+c.root,
+		crashHelperEnv+"_CERT="+c.p.cert, crashHelperEnv+"_KEY="+c.p.key, crashHelperEnv+"_CA="+c.p.ca)
+	for _, e := range env {
+		cmd.Env = append(cmd.Env, crashHelperEnv+"_"+e)
+	}
+	cmd.ExtraFiles = []*os.File{c.lnFile}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.cmd = cmd
+}
+
+// kill stops the receiver with SIGKILL and reaps it.
+func (c *crashChild) kill() {
+	c.cmd.Process.Kill()
+	c.cmd.Wait()
+}
+
+// wait reaps a receiver that ended by itself.
+func (c *crashChild) wait() { c.cmd.Wait() }
 
 // sent is what the test pushed to one path: the hashes of every version
 // sent, and the last one sent without an answer.
@@ -69,33 +131,8 @@ func TestReceiverCrash(t *testing.T) {
 	dir := t.TempDir()
 	root, state := filepath.Join(dir, "root"), filepath.Join(dir, "state")
 	os.MkdirAll(root, 0o755)
-	ln := listen(t).(*net.TCPListener)
-	t.Cleanup(func() { ln.Close() })
-	lnFile, err := ln.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lnFile.Close()
-	var child *exec.Cmd
-	start := func() {
-		child = exec.Command(os.Args[0], "-test.run=^TestCrashHelper$")
-		child.Env = append(os.Environ(), crashHelperEnv+"=1", crashHelperEnv+"_STATE="+state, crashHelperEnv+"_ROOT="+root,
-			crashHelperEnv+"_CERT="+p.cert, crashHelperEnv+"_KEY="+p.key, crashHelperEnv+"_CA="+p.ca)
-		child.ExtraFiles = []*os.File{lnFile}
-		child.Stderr = os.Stderr
-		if err := child.Start(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	kill := func() {
-		child.Process.Kill()
-		child.Wait()
-	}
-	t.Cleanup(func() {
-		if child != nil && child.ProcessState == nil {
-			kill()
-		}
-	})
+	child, ln := newCrashChild(t, p, root, state)
+	start, kill := func() { child.start() }, child.kill
 	h := newHostileClient(t, p, ln.Addr().String())
 	h.c.Timeout = 30 * time.Second
 	// put sends one file; it reports the status, 0 when there was no answer.
@@ -156,6 +193,10 @@ func TestReceiverCrash(t *testing.T) {
 			for i := range 40 {
 				files = append(files, batchFile{path: fmt.Sprintf("small/s%02d", i), content: fmt.Sprintf("%d/%d %s", cycle, i, strings.Repeat("x", 4000)), mode: 0o644})
 			}
+			// And into directories new in this cycle, made by the installer.
+			for i := range 4 {
+				files = append(files, batchFile{path: fmt.Sprintf("fresh/%02d/f%d", cycle, i), content: fmt.Sprintf("fresh %d/%d", cycle, i), mode: 0o644})
+			}
 			st, res, _ := h.batchFrom(strconv.FormatInt(epoch, 10), len(files), bytes.NewReader(batchBody(files)))
 			for i, f := range files {
 				note(f.path, []byte(f.content), st == 200 && i < len(res) && res[i].Status == 200)
@@ -171,6 +212,10 @@ func TestReceiverCrash(t *testing.T) {
 		wg.Go(func() {
 			c := bytes.Repeat([]byte(fmt.Sprintf("big %d;", cycle)), 600_000)
 			note("big", c, put(epoch, "big", c) == 200)
+		})
+		wg.Go(func() {
+			rel, c := fmt.Sprintf("deep/%02d/a/b/file", cycle), []byte(fmt.Sprintf("deep %d", cycle))
+			note(rel, c, put(epoch, rel, c) == 200)
 		})
 		// The fault: SIGKILL at a random moment of the burst.
 		time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond)
@@ -229,8 +274,10 @@ func (h *hostileClient) do0(method, rawURL, epoch string) int {
 	return resp.StatusCode
 }
 
-// checkAfterCrash: no temp file, every visible file one the test sent
-// whole, the recorded epoch not below the highest used.
+// checkAfterCrash: no temp file, no half-made directory (every directory
+// but the root and "ready" was made for files, which are never deleted
+// here, so an empty one is half-made), every visible file one the test
+// sent whole, the recorded epoch not below the highest used.
 func checkAfterCrash(t *testing.T, root, state string, highest int64, paths map[string]*sent, hash func([]byte) string) {
 	t.Helper()
 	noTempFiles(t, root)
@@ -238,6 +285,11 @@ func checkAfterCrash(t *testing.T, root, state string, highest int64, paths map[
 		if err != nil || d.IsDir() {
 			if d != nil && d.Name() == quarantineDir {
 				return fs.SkipDir
+			}
+			if rel, _ := filepath.Rel(root, p); err == nil && rel != "." && rel != "ready" {
+				if des, err := os.ReadDir(p); err == nil && len(des) == 0 {
+					t.Errorf("%s: half-made directory left after the restart", rel)
+				}
 			}
 			return nil
 		}
@@ -258,5 +310,42 @@ func checkAfterCrash(t *testing.T, root, state string, highest int64, paths map[
 	}
 	if e, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); e < highest {
 		t.Fatalf("recorded epoch %d went below %d", e, highest)
+	}
+}
+
+// Issue 16, finding 4: a receiver killed right after it made the
+// directories a put needs, before the put's file is in place, leaves them
+// empty; the restarted receiver removes them before it serves (the whole
+// chain), and keeps an empty directory it never made.
+func TestHalfMadeDirRemovedAfterKill(t *testing.T) {
+	p := newPKI(t)
+	dir := t.TempDir()
+	root, state := filepath.Join(dir, "root"), filepath.Join(dir, "state")
+	os.MkdirAll(filepath.Join(root, "empty-before"), 0o755)
+	child, ln := newCrashChild(t, p, root, state)
+	h := newHostileClient(t, p, ln.Addr().String())
+	child.start("DIE_AT=new/deep")
+	eventually(t, 30*time.Second, "the receiver to serve", func() bool {
+		return h.do0("POST", "/v1/mkdir/data?path=ready&mode=755", "5") == 200
+	})
+	if st := h.do0("PUT", "/v1/put/data?path=new/deep/f.txt&mode=644&mtime=0", "5"); st != 0 {
+		t.Fatalf("put: %d, want no answer (the receiver killed itself)", st)
+	}
+	child.wait()
+	if fi, err := os.Lstat(filepath.Join(root, "new/deep")); err != nil || !fi.IsDir() {
+		t.Fatalf("the kill left no half-made directory to test with: %v", err)
+	}
+	child.start()
+	eventually(t, 30*time.Second, "the restarted receiver to serve", func() bool {
+		return h.do0("POST", "/v1/mkdir/data?path=ready&mode=755", "5") == 200
+	})
+	if _, err := os.Lstat(filepath.Join(root, "new")); err == nil {
+		t.Error("the half-made directories are still there after the restart")
+	}
+	if fi, err := os.Lstat(filepath.Join(root, "empty-before")); err != nil || !fi.IsDir() {
+		t.Errorf("an empty directory the receiver never made was removed: %v", err)
+	}
+	if fi, err := os.Stat(filepath.Join(state, "made-dirs-data")); err == nil && fi.Size() != 0 {
+		t.Errorf("the half-made list holds %d bytes after the sweep, want 0", fi.Size())
 	}
 }

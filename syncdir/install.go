@@ -26,7 +26,9 @@ import (
 //     RENAME_NOREPLACE), the fast path of a new file;
 //  3. if the name is taken, moves whatever is there into quarantine
 //     unless the delivery record proves the receiver put exactly that
-//     there (makeRoom), then makes the change over what is left.
+//     there (makeRoom), then makes the change over what is left;
+//  4. once the change is made, tells the half-made directory list
+//     (halfmade.go) that the directories above it are in use.
 //
 // The change happens relative to a directory descriptor that was reached
 // from the root without following a symlink (parentOf), never by path.
@@ -43,6 +45,11 @@ type target struct {
 	// local file the record does not prove but with the very same bytes
 	// is replaced without quarantine, since nothing of it is lost.
 	incoming func() (*os.File, error)
+	// forDir: the change makes a directory another change needs
+	// (parentOf). It and the directories above it stay half-made
+	// (halfmade.go) until a change lands in them; any other change
+	// settles the directories above it.
+	forDir bool
 }
 
 // occupant says what install may leave of what is already at the name.
@@ -69,18 +76,24 @@ func (s *Syncer) install(rt *rootState, q request, t target, occ occupant, creat
 		return err
 	}
 	defer release()
+	err = errNoFastPath
 	if create != nil {
-		err := create()
-		// EINVAL: renameat2 flags not supported by the file system.
-		if err == nil || !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.EINVAL) {
-			return err
+		err = create()
+	}
+	// EINVAL: renameat2 flags not supported by the file system.
+	if errors.Is(err, errNoFastPath) || errors.Is(err, unix.EEXIST) || errors.Is(err, unix.EINVAL) {
+		if err = s.makeRoom(rt, t, q.epoch, occ); err == nil {
+			err = replace()
 		}
 	}
-	if err := s.makeRoom(rt, t, q.epoch, occ); err != nil {
-		return err
+	if err == nil && !t.forDir {
+		s.settle(rt, t.rel)
 	}
-	return replace()
+	return err
 }
+
+// errNoFastPath: install has no create to try first.
+var errNoFastPath = errors.New("syncdir: no fast path")
 
 // holdFence checks that q may change the tree now and keeps it so until
 // release is called: no higher epoch can be recorded in between. It is

@@ -63,13 +63,36 @@ func (s *Syncer) missingDir(rt *rootState, q request, d *os.File, p, c string, m
 	case !mk:
 		return -1, errNoParent
 	}
-	t := target{rel: p, dir: d, name: c}
-	mkdir := func() error { return unix.Mkdirat(fd, c, 0o755) }
-	err = s.install(rt, q, t, keepDir, mkdir, func() error { return replaceWithDir(t, 0o755) })
+	t := target{rel: p, dir: d, name: c, forDir: true}
+	made := false
+	mkdir := func() (err error) {
+		made, err = s.makeDirAt(rt, d, c, p)
+		return err
+	}
+	replace := func() error {
+		// makeRoom left a directory, or a delivered file, which goes.
+		var st unix.Stat_t
+		err := unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW)
+		switch {
+		case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
+			return nil
+		case err == nil:
+			if err := unix.Unlinkat(fd, c, 0); err != nil {
+				return &os.PathError{Op: "unlinkat", Path: p, Err: err}
+			}
+		case !errors.Is(err, unix.ENOENT):
+			return &os.PathError{Op: "fstatat", Path: p, Err: err}
+		}
+		return mkdir()
+	}
+	err = s.install(rt, q, t, keepDir, mkdir, replace)
 	if err == nil {
 		// The new entry of the parent becomes durable with the file's
 		// own directory sync, or the syncfs, of the change that needed it.
 		s.rememberAt(rt, t)
+		if f := s.afterMadeDir.Load(); f != nil && made {
+			(*f)(p)
+		}
 		var next int
 		next, err = unix.Openat(fd, c, flags, 0)
 		if err != nil {

@@ -242,7 +242,8 @@ func TestExcludedFilesQuarantined(t *testing.T) {
 }
 
 // Issue 16 finding 4: temp files a killed receiver left are removed at
-// start and counted; a quarantined file is not touched.
+// start and counted, and so is a temp directory (one the installer had
+// not renamed into place yet); a quarantined file is not touched.
 func TestStaleTempsRemovedAtStart(t *testing.T) {
 	p := newPKI(t)
 	dir := t.TempDir()
@@ -250,6 +251,10 @@ func TestStaleTempsRemovedAtStart(t *testing.T) {
 	left := []string{tempPrefix + "0123456789abcdef", "sub/deeper/" + tempPrefix + "fedcba9876543210"}
 	for _, f := range left {
 		writeFile(t, filepath.Join(root, f), "half a file", 0o600)
+	}
+	tmpDir := filepath.Join(root, "sub", tempPrefix+"00112233445566aa")
+	if err := os.Mkdir(tmpDir, 0o755); err != nil {
+		t.Fatal(err)
 	}
 	kept := filepath.Join(root, quarantineDir, "3", tempPrefix+"0000000000000000")
 	writeFile(t, kept, "quarantined", 0o600)
@@ -263,8 +268,11 @@ func TestStaleTempsRemovedAtStart(t *testing.T) {
 		return true
 	})
 	eventually(t, 10*time.Second, "the removal to be counted", func() bool {
-		return counterValue(b.s.m.staleTemps) == float64(len(left))
+		return counterValue(b.s.m.staleTemps) == float64(len(left)) && counterValue(b.s.m.staleDirs) == 1
 	})
+	if _, err := os.Lstat(tmpDir); err == nil {
+		t.Error("the temp directory is still there")
+	}
 	if readFile(kept) != "quarantined" {
 		t.Fatal("a file in the quarantine was removed")
 	}

@@ -21,6 +21,7 @@ type Metrics struct {
 	inQuarantine  *prometheus.GaugeVec
 	reconciles    prometheus.Counter
 	staleTemps    prometheus.Counter
+	staleDirs     prometheus.Counter
 	errors        *prometheus.CounterVec
 	rejected      *prometheus.CounterVec
 }
@@ -45,6 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		quarantined:   c("quarantined_files_total", "Local files moved to the quarantine before being overwritten or deleted."),
 		reconciles:    c("reconciles_total", "Full compares with the peer completed."),
 		staleTemps:    c("stale_temp_files_removed_total", "Temp files of an earlier run (a crashed or killed receiver) removed at start."),
+		staleDirs:     c("stale_dirs_removed_total", "Empty directories an earlier run made for a change that never landed (a crashed or killed receiver, a change refused after them), removed at start."),
 		inQuarantine: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "hapair_sync_quarantine_files", Help: "Files present in the quarantine folder, by root (recounted every few seconds).",
 		}, []string{"root"}),
@@ -57,7 +59,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.queueDepth, m.lag, m.highestEpoch, m.sending, m.filesSent, m.bytesSent,
-			m.filesReceived, m.bytesReceived, m.quarantined, m.inQuarantine, m.reconciles, m.staleTemps, m.errors, m.rejected)
+			m.filesReceived, m.bytesReceived, m.quarantined, m.inQuarantine, m.reconciles, m.staleTemps, m.staleDirs, m.errors, m.rejected)
 	}
 	return m
 }

@@ -44,6 +44,7 @@ type rootState struct {
 	abs       string
 	ex        excluder
 	rec       *record
+	made      *madeDirs // directories made for a change not landed yet
 	peerURL   string
 	root      *os.Root // opened by Run
 
@@ -80,6 +81,9 @@ type Syncer struct {
 	// afterBatchFile, when set (tests), runs after each file of a batch
 	// body is read.
 	afterBatchFile atomic.Pointer[func()]
+	// afterMadeDir, when set (tests), runs once a directory a change needs
+	// is made and listed as half-made, before that change.
+	afterMadeDir atomic.Pointer[func(rel string)]
 
 	mu      sync.Mutex
 	runCtx  context.Context
@@ -168,7 +172,7 @@ func (s *Syncer) addRoot(r Root) error {
 		scheme = "http://"
 	}
 	rt := &rootState{cfg: r, name: r.name(), abs: r.Path, ex: newExcluder(r.excludes()), rec: rec, peerURL: scheme + peer, dirSyncs: map[string]*dirSync{},
-		syncfsMin: s.cfg.SyncfsMinFiles}
+		syncfsMin: s.cfg.SyncfsMinFiles, made: newMadeDirs(s.cfg.StateDir, r.name())}
 	s.roots = append(s.roots, rt)
 	s.rootByName[rt.name] = rt
 	return nil
@@ -321,40 +325,63 @@ func (s *Syncer) flushRecords() {
 }
 
 // sweepTemps removes the temp files an earlier run left behind (killed
-// while a file arrived; an unnamed file leaves nothing), before the
-// receiver serves: no request of this run has one yet. Directories are
-// made only by the installer, right before the change that needs them,
-// so a crash leaves none half-made beyond that one step.
+// while a file arrived; an unnamed file leaves nothing), then the
+// directories it made for a change that never landed (halfmade.go),
+// before the receiver serves: no request of this run has one yet.
 func (s *Syncer) sweepTemps() {
 	for _, rt := range s.roots {
-		n, bytes := 0, int64(0)
-		err := fs.WalkDir(rt.root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-			switch {
-			case err != nil:
-				return err
-			case p == quarantineDir:
-				return fs.SkipDir
-			case d.IsDir() || !strings.HasPrefix(d.Name(), tempPrefix):
-				return nil
-			}
-			if fi, err := d.Info(); err == nil {
-				bytes += fi.Size()
-			}
-			if err := rt.root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
-			}
-			n++
-			return nil
-		})
+		tmpDirs := s.sweepTempFiles(rt)
+		n, err := s.sweepHalfMade(rt)
+		n += tmpDirs
 		if err != nil {
 			s.countError("state")
-			s.lg.Error("sync temp files of an earlier run not all removed", zap.String("root", rt.name), zap.Int("removed", n), zap.Error(err))
+			s.lg.Error("sync half-made directories of an earlier run not all removed", zap.String("root", rt.name), zap.Int("removed", n), zap.Error(err))
 		}
 		if n > 0 {
-			s.m.staleTemps.Add(float64(n))
-			s.lg.Info("sync removed temp files of an earlier run", zap.String("root", rt.name), zap.Int("files", n), zap.Int64("bytes", bytes))
+			s.m.staleDirs.Add(float64(n))
+			s.lg.Info("sync removed half-made directories of an earlier run", zap.String("root", rt.name), zap.Int("dirs", n))
 		}
 	}
+}
+
+// sweepTempFiles removes the temp files, and the temp directories
+// makeDirAt had not renamed into place yet (empty: nothing is made in
+// them); it returns how many directories went.
+func (s *Syncer) sweepTempFiles(rt *rootState) (dirs int) {
+	n, bytes := 0, int64(0)
+	err := fs.WalkDir(rt.root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case p == quarantineDir:
+			return fs.SkipDir
+		case !strings.HasPrefix(d.Name(), tempPrefix):
+			return nil
+		case d.IsDir():
+			if rt.root.Remove(p) != nil {
+				return nil // not empty after all: not one of ours to remove
+			}
+			dirs++
+			return fs.SkipDir
+		}
+		if fi, err := d.Info(); err == nil {
+			bytes += fi.Size()
+		}
+		if err := rt.root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		s.countError("state")
+		s.lg.Error("sync temp files of an earlier run not all removed", zap.String("root", rt.name), zap.Int("removed", n), zap.Error(err))
+	}
+	if n > 0 {
+		s.m.staleTemps.Add(float64(n))
+		s.lg.Info("sync removed temp files of an earlier run", zap.String("root", rt.name), zap.Int("files", n), zap.Int64("bytes", bytes))
+	}
+	return dirs
 }
 
 // countQuarantine recounts the files waiting in each root's quarantine, so
@@ -401,6 +428,7 @@ func (s *Syncer) openRoots() error {
 
 func (s *Syncer) closeRoots() {
 	for _, rt := range s.roots {
+		rt.made.close()
 		if rt.fsFD != nil {
 			rt.fsFD.Close()
 		}

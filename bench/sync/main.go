@@ -108,9 +108,11 @@ func main() {
 }
 
 func run() error {
-	for _, b := range []string{"lsyncd", "rsync"} {
-		if _, err := exec.LookPath(b); err != nil {
-			return fmt.Errorf("%s not found: apt-get install -y lsyncd rsync", b)
+	if !*onlyOurs { // syncdir alone needs neither
+		for _, b := range []string{"lsyncd", "rsync"} {
+			if _, err := exec.LookPath(b); err != nil {
+				return fmt.Errorf("%s not found: apt-get install -y lsyncd rsync", b)
+			}
 		}
 	}
 	dir := *work
