@@ -155,7 +155,9 @@ func (g *Guard) syncLocked() {
 			g.setUntil = 0
 			continue
 		}
-		fresh := !g.pub.Load().held
+		// Fresh also when the kernel dropped them meanwhile (a refresh
+		// came too late): the re-added address is announced again.
+		fresh := !g.pub.Load().held || t0 >= g.expires
 		g.setUntil, g.expires = until, t1+lft
 		if fresh {
 			g.ctr.adds.Add(1)
