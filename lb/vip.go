@@ -238,6 +238,11 @@ func (h *vipHolder) keepAlive(ctx context.Context, cli *clientv3.Client, id int6
 func (h *vipHolder) elect(ctx context.Context, cli *clientv3.Client, id int64, lost <-chan struct{}) {
 	val, _ := json.Marshal(map[string]string{"holder": h.node, "since": time.Now().UTC().Format(time.RFC3339Nano)})
 	for ctx.Err() == nil {
+		select {
+		case <-lost:
+			return
+		default:
+		}
 		tctx, cancel := context.WithTimeout(ctx, time.Second)
 		resp, err := cli.Txn(tctx).If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", 0)).
 			Then(clientv3.OpPut(h.key, string(val), clientv3.WithLease(clientv3.LeaseID(id)))).

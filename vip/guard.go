@@ -131,13 +131,20 @@ func (g *Guard) syncLocked() {
 	for range 3 {
 		until, ok := g.allow()
 		t0 := g.now()
-		lft := Lifetime(until - t0)
-		if !ok || lft <= 0 {
+		if !ok || t0 >= until {
 			g.removeLocked()
 			return
 		}
 		if g.setUntil == until {
 			return // this deadline is already in the kernel
+		}
+		lft := Lifetime(until - t0)
+		if lft <= 0 {
+			// Too near the deadline for a whole-second lifetime (a slow
+			// keep-alive): add nothing. Addresses already there keep the
+			// kernel lifetime they have, which ends before the earlier
+			// deadline; the timer at that deadline looks again.
+			return
 		}
 		if err := g.lk.replace(g.ps, lft); err != nil {
 			g.ctr.errAdd.Add(1)

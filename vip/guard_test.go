@@ -140,11 +140,20 @@ func TestGuardFollowsTheFence(t *testing.T) {
 	if len(f.calls) != n+1 || f.announces != 1 {
 		t.Fatalf("refresh: calls %v announces %d", f.calls[n:], f.announces)
 	}
-	// Too close to the deadline for a whole second before it: removed.
+	// A new deadline too near for a whole second before it (a slow
+	// keep-alive): nothing is changed, the kernel lifetime set from the
+	// earlier deadline stands.
+	n = len(f.calls)
 	o.set(13600*time.Millisecond, 15*time.Second, true)
 	g.Sync()
+	if p, l := f.state(); !p || l != 3*time.Second || len(f.calls) != n {
+		t.Fatalf("near the deadline: present %v lifetime %s calls %v; want untouched", p, l, f.calls[n:])
+	}
+	// Past the deadline: removed.
+	o.set(15*time.Second, 15*time.Second, true)
+	g.Sync()
 	if p, _ := f.state(); p || g.Held() {
-		t.Fatal("1.4 s before the deadline the address is still there")
+		t.Fatal("at the deadline the address is still there")
 	}
 	// Passive: removed (already), and held addresses removed on a change.
 	o.set(20*time.Second, 24*time.Second, true)
