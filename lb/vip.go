@@ -31,7 +31,8 @@ type VIPConfig struct {
 	// standby takes over within about this long after the holder dies.
 	LeaseTTL time.Duration `yaml:"lease-ttl"`
 	// SafetyMargin: the holder gives up at last keep-alive sent + lease-ttl
-	// - safety-margin (default 500ms).
+	// - safety-margin (default 250ms; the kernel lifetime of the address
+	// ends at least 500ms before that deadline anyway).
 	SafetyMargin time.Duration `yaml:"safety-margin"`
 	// KeepAliveInterval is the keep-alive period (default 250ms).
 	KeepAliveInterval time.Duration `yaml:"keepalive-interval"`
@@ -40,7 +41,7 @@ type VIPConfig struct {
 // DefaultVIP is the vip section's defaults (disabled).
 func DefaultVIP() VIPConfig {
 	return VIPConfig{Config: vip.Default(), Name: "lb", LeaseTTL: 2 * time.Second,
-		SafetyMargin: 500 * time.Millisecond, KeepAliveInterval: 250 * time.Millisecond}
+		SafetyMargin: 250 * time.Millisecond, KeepAliveInterval: 250 * time.Millisecond}
 }
 
 // VIPKey is the election key of a balancer pair.

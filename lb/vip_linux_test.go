@@ -39,7 +39,7 @@ vip:
   netns: %s
   name: pair
   lease-ttl: 2s
-  safety-margin: 500ms
+  safety-margin: 250ms
   keepalive-interval: 250ms
 `, strings.Join(etcd, `","`), h.NetnsPath())
 	path := filepath.Join(t.TempDir(), "lb.yaml")
@@ -167,7 +167,7 @@ func TestVIPBalancerPair(t *testing.T) {
 	p2 := startVIPBalancer(t, "L2", h2, c.Endpoints(), backend.addr())
 	pres := nettest.WatchPresence([]*nettest.Host{h1, h2}, pairVIP)
 	arp := nettest.WatchARP(t, client, pairVIP, 10*time.Millisecond)
-	const ttl, margin = 2 * time.Second, 500 * time.Millisecond
+	const ttl, margin = 2 * time.Second, 250 * time.Millisecond
 
 	waitFor(t, 20*time.Second, "one balancer holds the VIP", func() bool { return holds(h1) || holds(h2) })
 	holder, standby := p1, p2

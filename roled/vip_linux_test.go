@@ -30,6 +30,10 @@ func newVIPLAN(t *testing.T) vipLAN {
 
 func withVIP(h *nettest.Host) func(*Config) {
 	return func(c *Config) {
+		// A longer lease than testConfig's: the kernel lifetime (whole
+		// seconds, set when a keep-alive answer arrives) then survives
+		// keep-alive round trips of up to 1.25 s on a loaded machine.
+		c.LeaseTTL = 4 * time.Second
 		c.VIP.Address, c.VIP.Interface, c.VIP.Netns = "10.77.0.100/24", "eth0", h.NetnsPath()
 	}
 }

@@ -112,15 +112,18 @@ func (c Config) Validate(prefix string) error {
 	return nil
 }
 
-// CheckTiming refuses a lease whose deadline leaves no whole-second kernel
-// lifetime longer than one keep-alive period: the kernel lifetime is whole
-// seconds and must end before the deadline, yet outlast the time to the next
-// refresh. field names the setting to change (e.g. "lease-ttl").
+// CheckTiming refuses a lease whose deadline leaves no room for the kernel
+// lifetime. The lifetime is whole seconds and ends KernelSlack before the
+// deadline; it is set when a keep-alive answer arrives, up to one
+// keep-alive period (taken as the round trip allowed) after the deadline's
+// base. So Lifetime(lease-ttl - safety-margin - keepalive-interval) must be
+// at least 1s and longer than keepalive-interval, or the address would lapse
+// between refreshes. field names the setting to change (e.g. "lease-ttl").
 func CheckTiming(field string, ttl, margin, keepalive time.Duration) error {
-	if l := Lifetime(ttl - margin); l <= keepalive {
+	if l := Lifetime(ttl - margin - keepalive); l < time.Second || l <= keepalive {
 		return config.Errorf(field, ttl,
-			"with vip, lease-ttl - safety-margin (%s) must leave a kernel address lifetime (%s, whole seconds, %s before the deadline) above keepalive-interval (%s)",
-			ttl-margin, l, KernelSlack, keepalive)
+			"with vip, lease-ttl - safety-margin - keepalive-interval (%s) must leave a whole-second kernel address lifetime ending %s before the deadline and longer than keepalive-interval (%s); got %s",
+			ttl-margin-keepalive, KernelSlack, keepalive, l)
 	}
 	return nil
 }

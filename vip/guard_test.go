@@ -265,8 +265,11 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	if err := CheckTiming("lease-ttl", 5*time.Second, time.Second, time.Second); err != nil {
 		t.Errorf("defaults refused: %v", err)
 	}
-	if err := CheckTiming("lease-ttl", 2*time.Second, time.Second, 500*time.Millisecond); err == nil {
-		t.Error("a 1 s deadline accepted: no whole-second lifetime fits")
+	if err := CheckTiming("lease-ttl", 2*time.Second, 500*time.Millisecond, 250*time.Millisecond); err == nil {
+		t.Error("a 1.5 s deadline with 250ms keep-alives accepted: the lifetime set after a keep-alive is 0")
+	}
+	if err := CheckTiming("vip.lease-ttl", 2*time.Second, 250*time.Millisecond, 250*time.Millisecond); err != nil {
+		t.Errorf("hapair-lb's defaults refused: %v", err)
 	}
 }
 
