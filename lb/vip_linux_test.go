@@ -111,43 +111,6 @@ func procStateOf(pid int) string {
 
 func holds(h *nettest.Host) bool { ok, _ := h.Has(pairVIP); return ok }
 
-// lastSeenOn polls h and keeps the start time of the last reading that found
-// the VIP: it was there at some instant after that.
-type lastSeenOn struct {
-	mu   sync.Mutex
-	at   time.Time
-	stop chan struct{}
-	done chan struct{}
-}
-
-func watchLastSeen(h *nettest.Host) *lastSeenOn {
-	w := &lastSeenOn{stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		for {
-			select {
-			case <-w.stop:
-				return
-			default:
-			}
-			at := time.Now()
-			if holds(h) {
-				w.mu.Lock()
-				w.at = at
-				w.mu.Unlock()
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}()
-	return w
-}
-
-func (w *lastSeenOn) halt() time.Time {
-	close(w.stop)
-	<-w.done
-	return w.at
-}
-
 // Must show (issue 20, the balancer pair): two hapair-lb processes, one
 // VIP. The holder is paused past its lease (the kernel drops the VIP before
 // its deadline, the standby takes it), stopped gracefully (the VIP moves at
@@ -165,7 +128,7 @@ func TestVIPBalancerPair(t *testing.T) {
 	backend := newFakeNode(t, "app")
 	p1 := startVIPBalancer(t, "L1", h1, c.Endpoints(), backend.addr())
 	p2 := startVIPBalancer(t, "L2", h2, c.Endpoints(), backend.addr())
-	pres := nettest.WatchPresence([]*nettest.Host{h1, h2}, pairVIP)
+	pres := nettest.WatchPresence(t, []*nettest.Host{h1, h2}, pairVIP)
 	arp := nettest.WatchARP(t, client, pairVIP, 10*time.Millisecond)
 	const ttl, margin = 2 * time.Second, 250 * time.Millisecond
 
@@ -177,14 +140,14 @@ func TestVIPBalancerPair(t *testing.T) {
 	t.Logf("%s holds the VIP first", holder.name)
 
 	// 1. SIGSTOP the holder past its lease.
-	seen := watchLastSeen(holder.host)
+	seen := nettest.WatchLastSeen(t, holder.host, pairVIP)
 	holder.signal(t, syscall.SIGSTOP)
 	waitFor(t, 5*time.Second, holder.name+" stopped", func() bool { return procStateOf(holder.cmd.Process.Pid) == "T" })
 	stopped := time.Now()
 	waitFor(t, 15*time.Second, "VIP on the standby "+standby.name, func() bool { return holds(standby.host) })
 	took := time.Since(stopped)
 	time.Sleep(time.Until(stopped.Add(ttl + 500*time.Millisecond))) // the pause outlasts the lease (scenario)
-	if last := seen.halt(); !last.Before(stopped.Add(ttl - margin)) {
+	if last := seen.Halt(); !last.Before(stopped.Add(ttl - margin)) {
 		t.Fatalf("VIP seen on the stopped %s %s after SIGSTOP, past its deadline (< %s)", holder.name, last.Sub(stopped), ttl-margin)
 	} else {
 		t.Logf("pause: VIP last seen on %s %s after SIGSTOP; on %s %s after it", holder.name, last.Sub(stopped), standby.name, took)
@@ -219,8 +182,8 @@ func TestVIPBalancerPair(t *testing.T) {
 
 	// 3. Quorum lost: the holder's keep-alives fail, the VIP goes at its
 	// deadline, and nobody holds it while etcd is gone.
+	c.LoseQuorum() // returns when the members are stopped, which can take seconds
 	lost := time.Now()
-	c.LoseQuorum()
 	waitFor(t, 10*time.Second, "VIP off "+holder.name, func() bool { return !holds(holder.host) })
 	t.Logf("no quorum: VIP off %s %s after quorum was lost", holder.name, time.Since(lost))
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
@@ -236,12 +199,12 @@ func TestVIPBalancerPair(t *testing.T) {
 
 	// 4. SIGKILL of the holder: the kernel drops the VIP before the
 	// deadline; the standby takes it after the lease expires.
-	seen = watchLastSeen(holder.host)
+	seen = nettest.WatchLastSeen(t, holder.host, pairVIP)
 	killed := time.Now()
 	holder.kill()
 	waitFor(t, 15*time.Second, "VIP on "+standby.name, func() bool { return holds(standby.host) })
 	t.Logf("kill of %s: VIP on %s %s after SIGKILL", holder.name, standby.name, time.Since(killed))
-	if last := seen.halt(); !last.Before(killed.Add(ttl - margin)) {
+	if last := seen.Halt(); !last.Before(killed.Add(ttl - margin)) {
 		t.Fatalf("VIP seen on the killed %s %s after SIGKILL", holder.name, last.Sub(killed))
 	}
 

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -73,7 +72,7 @@ func TestVIPOnlyWhileActive(t *testing.T) {
 	c := etcdtest.New(t)
 	a := startNode(t, c, "A", withVIP(l.a))
 	b := startNode(t, c, "B", withVIP(l.b))
-	pres := nettest.WatchPresence([]*nettest.Host{l.a, l.b}, testVIP)
+	pres := nettest.WatchPresence(t, []*nettest.Host{l.a, l.b}, testVIP)
 	arp := nettest.WatchARP(t, l.c, testVIP, 10*time.Millisecond)
 
 	// Both PASSIVE: nobody has it.
@@ -84,7 +83,7 @@ func TestVIPOnlyWhileActive(t *testing.T) {
 	}
 	a.pat.promote()
 	a.waitCode(t, 200, 15*time.Second)
-	waitFor(t, 5*time.Second, "VIP on A", func() bool { return has(t, l.a) })
+	waitFor(t, 15*time.Second, "VIP on A", func() bool { return has(t, l.a) })
 	if got := roleVIP(t, a.url); !slices.Equal(got, []string{"10.77.0.100/24"}) {
 		t.Fatalf("A's /role vip.held = %v", got)
 	}
@@ -96,7 +95,7 @@ func TestVIPOnlyWhileActive(t *testing.T) {
 	a.pat.demote()
 	b.pat.promote()
 	b.waitCode(t, 200, 15*time.Second)
-	waitFor(t, 5*time.Second, "VIP on B", func() bool { return has(t, l.b) })
+	waitFor(t, 15*time.Second, "VIP on B", func() bool { return has(t, l.b) })
 	if has(t, l.a) {
 		t.Fatal("VIP still on A after the switchover")
 	}
@@ -126,13 +125,13 @@ func TestVIPNeverOnTwoAcross50Flips(t *testing.T) {
 	a := startNode(t, c, "A", withVIP(l.a))
 	b := startNode(t, c, "B", withVIP(l.b))
 	hosts := map[*node]*nettest.Host{a: l.a, b: l.b}
-	pres := nettest.WatchPresence([]*nettest.Host{l.a, l.b}, testVIP)
+	pres := nettest.WatchPresence(t, []*nettest.Host{l.a, l.b}, testVIP)
 	arp := nettest.WatchARP(t, l.c, testVIP, 10*time.Millisecond)
 	oc := startChecker(t, a, b)
 
 	a.pat.promote()
 	a.waitCode(t, 200, 15*time.Second)
-	waitFor(t, 5*time.Second, "VIP on A", func() bool { return has(t, l.a) })
+	waitFor(t, 15*time.Second, "VIP on A", func() bool { return has(t, l.a) })
 	from, to := a, b
 	var moves []time.Duration
 	for i := range 50 {
@@ -177,35 +176,14 @@ func TestVIPPausedProcessLosesVIPBeforeDeadline(t *testing.T) {
 	pa := startProcess(t, cfgA)
 	a := &node{name: "A", cfg: cfgA, pat: patA, url: pa.url}
 	b := startNode(t, c, "B", withVIP(l.b))
-	pres := nettest.WatchPresence([]*nettest.Host{l.a, l.b}, testVIP)
+	pres := nettest.WatchPresence(t, []*nettest.Host{l.a, l.b}, testVIP)
 	arp := nettest.WatchARP(t, l.c, testVIP, 10*time.Millisecond)
 	patA.promote()
 	a.waitCode(t, 200, 15*time.Second)
-	waitFor(t, 5*time.Second, "VIP on A", func() bool { return has(t, l.a) })
+	waitFor(t, 15*time.Second, "VIP on A", func() bool { return has(t, l.a) })
 
-	// Record, from outside, the start time of the last reading that found
-	// the VIP on A: it was there at some instant after that.
-	var mu sync.Mutex
-	var lastSeen time.Time
-	stopPoll := make(chan struct{})
-	polled := make(chan struct{})
-	go func() {
-		defer close(polled)
-		for {
-			select {
-			case <-stopPoll:
-				return
-			default:
-			}
-			at := time.Now()
-			if ok, _ := l.a.Has(testVIP); ok {
-				mu.Lock()
-				lastSeen = at
-				mu.Unlock()
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}()
+	// From outside: the last reading that found the VIP on A.
+	seenA := nettest.WatchLastSeen(t, l.a, testVIP)
 	pa.signal(t, syscall.SIGSTOP)
 	waitFor(t, 5*time.Second, "A stopped", func() bool { return procState(pa.cmd.Process.Pid) == "T" })
 	stopped := time.Now()
@@ -215,15 +193,13 @@ func TestVIPPausedProcessLosesVIPBeforeDeadline(t *testing.T) {
 	patA.dropKey()
 	b.pat.promote()
 	b.waitCode(t, 200, 15*time.Second)
-	waitFor(t, 5*time.Second, "VIP on B", func() bool { return has(t, l.b) })
+	waitFor(t, 15*time.Second, "VIP on B", func() bool { return has(t, l.b) })
 	if procState(pa.cmd.Process.Pid) != "T" {
 		t.Fatal("A is no longer stopped")
 	}
 	// The pause must outlast the lease TTL (the scenario, not a sync point).
 	time.Sleep(time.Until(stopped.Add(cfgA.LeaseTTL + 500*time.Millisecond)))
-	mu.Lock()
-	seen := lastSeen
-	mu.Unlock()
+	seen := seenA.Halt()
 	if !seen.Before(bound) {
 		t.Fatalf("VIP seen on the stopped A at %s, %s after the stop; its deadline was before %s",
 			seen.Format(time.StampMicro), seen.Sub(stopped), cfgA.LeaseTTL-cfgA.SafetyMargin)
@@ -231,8 +207,6 @@ func TestVIPPausedProcessLosesVIPBeforeDeadline(t *testing.T) {
 	t.Logf("VIP last seen on the stopped A %s after SIGSTOP (deadline bound %s)", seen.Sub(stopped), cfgA.LeaseTTL-cfgA.SafetyMargin)
 	pa.signal(t, syscall.SIGCONT)
 	watchPassiveOne(t, a, time.Second)
-	close(stopPoll)
-	<-polled
 	if has(t, l.a) {
 		t.Fatal("VIP back on A after SIGCONT")
 	}

@@ -226,8 +226,9 @@ type Presence struct {
 	done     chan struct{}
 }
 
-// WatchPresence starts polling; Stop ends it.
-func WatchPresence(hosts []*Host, ip netip.Addr) *Presence {
+// WatchPresence starts polling; Stop ends it (and the test's cleanup, before
+// the hosts go).
+func WatchPresence(t testing.TB, hosts []*Host, ip netip.Addr) *Presence {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Presence{Seen: map[string]int{}, stop: cancel, done: make(chan struct{})}
 	go func() {
@@ -256,6 +257,7 @@ func WatchPresence(hosts []*Host, ip netip.Addr) *Presence {
 			p.mu.Unlock()
 		}
 	}()
+	t.Cleanup(func() { p.Stop() })
 	return p
 }
 
@@ -400,3 +402,48 @@ func arpRequest(mac net.HardwareAddr, ip, target netip.Addr) []byte {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// LastSeen polls one host and keeps the start time of the last reading that
+// found ip: ip was there at some instant after that time, so "last seen
+// before T" proves it was gone by T however slowly the poller ran.
+type LastSeen struct {
+	mu   sync.Mutex
+	at   time.Time
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// WatchLastSeen starts the poller; Halt (or the test's cleanup) ends it.
+func WatchLastSeen(t testing.TB, h *Host, ip netip.Addr) *LastSeen {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &LastSeen{stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		tk := time.NewTicker(time.Millisecond)
+		defer tk.Stop()
+		for {
+			at := time.Now()
+			if ok, _ := h.Has(ip); ok {
+				w.mu.Lock()
+				w.at = at
+				w.mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+			}
+		}
+	}()
+	t.Cleanup(func() { w.Halt() })
+	return w
+}
+
+// Halt stops the poller and returns the last time ip was seen (zero: never).
+func (w *LastSeen) Halt() time.Time {
+	w.stop()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.at
+}
