@@ -157,9 +157,12 @@ func (l *nlLink) announce(ps []netip.Prefix) error {
 		return fmt.Errorf("interface %s has no Ethernet address", l.name)
 	}
 	for _, p := range ps {
-		frame, typ := gratuitousARP(mac, p.Addr()), uint16(etherTypeARP)
+		var frame []byte
+		var typ uint16
 		if p.Addr().Is6() {
 			frame, typ = unsolicitedNA(mac, p.Addr()), etherTypeIPv6
+		} else {
+			frame, typ = gratuitousARP(mac, p.Addr()), etherTypeARP
 		}
 		sa := &unix.SockaddrLinklayer{Protocol: htons(typ), Ifindex: idx, Halen: 6}
 		copy(sa.Addr[:], frame[0:6])

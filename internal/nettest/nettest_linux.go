@@ -179,6 +179,17 @@ func (l *LAN) AddHost(name, addr string) *Host {
 		l.t.Fatal(err)
 	}
 	h.Addr, h.MAC = p, eth.Attrs().HardwareAddr
+	// Frames sent before the kernel's link watcher has activated the device
+	// (up to a second after carrier) are dropped: wait until it is up.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		e, err := h.H.LinkByName("eth0")
+		if err == nil && e.Attrs().OperState == netlink.OperUp {
+			break
+		}
+		if time.Now().After(end) {
+			l.t.Fatalf("eth0 of %s not up: %v", name, err)
+		}
+	}
 	return h
 }
 
