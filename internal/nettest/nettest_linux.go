@@ -201,6 +201,38 @@ func ipnet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), bits)}
 }
 
+// HostAt opens an existing namespace (e.g. the lab's /run/netns/<tag>-client)
+// as a Host with eth0 as its LAN interface, for the checkers below; Close
+// releases it.
+func HostAt(name, nsPath string) (*Host, error) {
+	ns, err := netns.GetFromPath(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	if err != nil {
+		ns.Close()
+		return nil, err
+	}
+	host := &Host{Name: name, NS: ns, H: h}
+	eth, err := h.LinkByName("eth0")
+	if err != nil {
+		host.close()
+		return nil, err
+	}
+	host.MAC = eth.Attrs().HardwareAddr
+	if as, err := h.AddrList(eth, netlink.FAMILY_V4); err == nil && len(as) > 0 {
+		if a, ok := netip.AddrFromSlice(as[0].IP.To4()); ok {
+			ones, _ := as[0].Mask.Size()
+			host.Addr = netip.PrefixFrom(a, ones)
+		}
+	}
+	return host, nil
+}
+
+// Close releases a Host from HostAt.
+func (h *Host) Close() { h.close() }
+
 // NetnsPath is a path to h's namespace that another process (or vip.netns)
 // can open: this process's descriptor for it.
 func (h *Host) NetnsPath() string { return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(h.NS)) }
@@ -240,6 +272,13 @@ type Presence struct {
 // WatchPresence starts polling; Stop ends it (and the test's cleanup, before
 // the hosts go).
 func WatchPresence(t testing.TB, hosts []*Host, ip netip.Addr) *Presence {
+	p := StartPresence(hosts, ip)
+	t.Cleanup(func() { p.Stop() })
+	return p
+}
+
+// StartPresence starts polling (for the lab; Stop ends it).
+func StartPresence(hosts []*Host, ip netip.Addr) *Presence {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Presence{Seen: map[string]int{}, stop: cancel, done: make(chan struct{})}
 	go func() {
@@ -268,7 +307,6 @@ func WatchPresence(t testing.TB, hosts []*Host, ip netip.Addr) *Presence {
 			p.mu.Unlock()
 		}
 	}()
-	t.Cleanup(func() { p.Stop() })
 	return p
 }
 
@@ -295,9 +333,19 @@ type ARPWatch struct {
 	done     chan struct{}
 }
 
-// WatchARP starts the prober on h for target.
+// WatchARP starts the prober on h for target; the test's cleanup stops it.
 func WatchARP(t testing.TB, h *Host, target netip.Addr, every time.Duration) *ARPWatch {
 	t.Helper()
+	w, err := StartARP(h, target, every)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return w
+}
+
+// StartARP starts the prober on h for target (for the lab; Stop ends it).
+func StartARP(h *Host, target netip.Addr, every time.Duration) (*ARPWatch, error) {
 	var fd int
 	err := h.InNS(func() error {
 		var err error
@@ -305,15 +353,17 @@ func WatchARP(t testing.TB, h *Host, target netip.Addr, every time.Duration) *AR
 		return err
 	})
 	if err != nil {
-		t.Fatalf("ARP socket: %v", err)
+		return nil, fmt.Errorf("ARP socket: %w", err)
 	}
 	eth, err := h.H.LinkByName("eth0")
 	if err != nil {
-		t.Fatal(err)
+		unix.Close(fd)
+		return nil, err
 	}
 	idx := eth.Attrs().Index
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ARP), Ifindex: idx}); err != nil {
-		t.Fatal(err)
+		unix.Close(fd)
+		return nil, err
 	}
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 20000})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -373,8 +423,7 @@ func WatchARP(t testing.TB, h *Host, target netip.Addr, every time.Duration) *AR
 		}
 	}()
 	go func() { wg.Wait(); unix.Close(fd); close(w.done) }()
-	t.Cleanup(w.Stop)
-	return w
+	return w, nil
 }
 
 // Stop ends the prober (idempotent).
