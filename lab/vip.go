@@ -1,0 +1,104 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/hapair/hapair/internal/nettest"
+)
+
+// VIPAddr is the lab's floating service address (Options.VIP).
+const VIPAddr = Subnet + ".100"
+
+// VIPSwitchover (issue 20): with --vip the service address follows ACTIVE
+// through planned switchovers both ways. A checker on the client asks ARP
+// for it every 10 ms and records every MAC that answers; another polls
+// both nodes' addresses. Figures: the VIP's arrival after the new ACTIVE
+// serves 200, double-answer rounds (must be 0).
+func VIPSwitchover(ctx context.Context, l *Lab, r *Result) {
+	if !l.Opt.VIP {
+		r.note("skipped: the lab was made without --vip")
+		return
+	}
+	vip := netip.MustParseAddr(VIPAddr)
+	hosts := map[string]*nettest.Host{}
+	for _, h := range []string{NodeA, NodeB, Client} {
+		nh, err := nettest.HostAt(h, "/run/netns/"+l.Net.NS(h))
+		if err != nil {
+			r.fail("namespace of %s: %v", h, err)
+			return
+		}
+		defer nh.Close()
+		hosts[h] = nh
+	}
+	pres := nettest.StartPresence([]*nettest.Host{hosts[NodeA], hosts[NodeB]}, vip)
+	arp, err := nettest.StartARP(hosts[Client], vip, 10*time.Millisecond)
+	if err != nil {
+		pres.Stop()
+		r.fail("ARP checker: %v", err)
+		return
+	}
+	for range max(l.Opt.Repeat, 1) {
+		for _, to := range []string{NodeB, NodeA} {
+			vipSwitchoverOnce(ctx, l, r, hosts[to], to, vip)
+		}
+	}
+	arp.Stop()
+	readings, overlaps, seen := pres.Stop()
+	rounds, answered, doubles, byMAC := arp.Snapshot()
+	r.note("VIP checkers: %d address readings (by host %v), %d ARP rounds, %d answered, answers by MAC %v",
+		readings, seen, rounds, answered, byMAC)
+	r.fig("vip double-answer ARP rounds", float64(doubles), "rounds")
+	r.fig("vip on both nodes (address readings)", float64(overlaps), "readings")
+	if doubles != 0 || overlaps != 0 {
+		r.fail("the VIP on two nodes at once: %d double-answer ARP rounds, %d address overlaps", doubles, overlaps)
+	}
+	if len(byMAC) < 2 {
+		r.fail("ARP answers from %d MACs, want both nodes'", len(byMAC))
+	}
+}
+
+func vipSwitchoverOnce(ctx context.Context, l *Lab, r *Result, h *nettest.Host, to string, vip netip.Addr) {
+	if err := l.Ctl().WaitStandbyReady(ctx, to, l.Out); err != nil {
+		r.fail("vip switchover -> %s: target never ready: %v", to, err)
+		return
+	}
+	// Watch the target from now: first 200 of its /ha-health, first sight
+	// of the VIP on its interface.
+	var served, held time.Time
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		url := fmt.Sprintf("http://%s:%d/ha-health", IP(to), RoledPort)
+		for wctx.Err() == nil && (served.IsZero() || held.IsZero()) {
+			at := time.Now()
+			if served.IsZero() && l.httpCode(Client, url, 500*time.Millisecond) == 200 {
+				served = at
+			}
+			if ok, _ := h.Has(vip); ok && held.IsZero() {
+				held = time.Now()
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	_, err := l.Ctl().Switchover(ctx, to, l.Out)
+	if err == nil {
+		err = l.WaitSettled(ctx, to, 30*time.Second)
+	}
+	<-done
+	name := "vip switchover -> " + to
+	switch {
+	case err != nil:
+		r.fail("%s: %v", name, err)
+	case served.IsZero() || held.IsZero():
+		r.fail("%s: 200 seen %v, VIP seen %v", name, !served.IsZero(), !held.IsZero())
+	default:
+		// The 200 is probed over HTTP from the client (a round trip), the
+		// VIP over netlink: a small negative value means "at once".
+		r.secs(name+": VIP after 200", held.Sub(served))
+	}
+}
