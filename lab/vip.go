@@ -40,11 +40,20 @@ func VIPSwitchover(ctx context.Context, l *Lab, r *Result) {
 		r.fail("ARP checker: %v", err)
 		return
 	}
+	wctx, stopWriter := context.WithCancel(ctx)
+	wr := &vipWriter{}
+	wdone := make(chan struct{})
+	go func() { defer close(wdone); wr.run(wctx, l) }()
 	for range max(l.Opt.Repeat, 1) {
 		for _, to := range []string{NodeB, NodeA} {
 			vipSwitchoverOnce(ctx, l, r, hosts[to], to, vip)
 		}
 	}
+	stopWriter()
+	<-wdone
+	r.note("writes through the VIP (client -> %s:%d/write every 20 ms, new connection each): %d ok, %d failed, failures from first to last %s, by node %v",
+		VIPAddr, AppPort, wr.ok, wr.failed, wr.lastFail.Sub(wr.firstFail).Round(time.Millisecond), wr.byNode)
+	r.fig("vip writes failed", float64(wr.failed), "requests")
 	arp.Stop()
 	readings, overlaps, seen := pres.Stop()
 	rounds, answered, doubles, byMAC := arp.Snapshot()
@@ -100,5 +109,44 @@ func vipSwitchoverOnce(ctx context.Context, l *Lab, r *Result, h *nettest.Host, 
 		// The 200 is probed over HTTP from the client (a round trip), the
 		// VIP over netlink: a small negative value means "at once".
 		r.secs(name+": VIP after 200", held.Sub(served))
+	}
+}
+
+// vipWriter sends the app's /write through the VIP, as a client of a
+// two-node site without a balancer would.
+type vipWriter struct {
+	ok, failed          int
+	firstFail, lastFail time.Time
+	byNode              map[string]int
+}
+
+func (w *vipWriter) run(ctx context.Context, l *Lab) {
+	w.byNode = map[string]int{}
+	id := time.Now().UnixMilli() * 1000
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		id++
+		var res WriteResult
+		err := l.getJSON(Client, fmt.Sprintf("http://%s:%d/write?id=%d", VIPAddr, AppPort, id), time.Second, &res)
+		if err == nil && res.Error == "" {
+			w.ok++
+			w.byNode[res.Node]++
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		w.failed++
+		now := time.Now()
+		if w.firstFail.IsZero() {
+			w.firstFail = now
+		}
+		w.lastFail = now
 	}
 }
