@@ -68,6 +68,7 @@ var Scenarios = []Scenario{
 	{"8-lb-partitioned", DCSRemote, LBPartitioned},
 	{"9-drills-back-to-back", DCSRemote, DrillsBackToBack},
 	{"10-vip-switchover", DCSRemote, VIPSwitchover},
+	{"11-vip-roled-paused", DCSRemote, VIPRoledPaused},
 	{"6-partition-default-hosts", DCSAll, PartitionDefaultHosts},
 }
 

@@ -150,3 +150,98 @@ func (w *vipWriter) run(ctx context.Context, l *Lab) {
 		w.lastFail = now
 	}
 }
+
+// VIPRoledPaused (issue 20): SIGSTOP of the ACTIVE node's roled for longer
+// than its lease (5 s). While it is stopped the kernel drops the VIP before
+// roled's local deadline (last keep-alive sent + 5 s − 1 s); nobody else
+// takes it (Patroni still names that node: no ACTIVE without it). After
+// SIGCONT roled is ACTIVE again and adds it back.
+func VIPRoledPaused(ctx context.Context, l *Lab, r *Result) {
+	if !l.Opt.VIP {
+		r.note("skipped: the lab was made without --vip")
+		return
+	}
+	const lease, margin = 5 * time.Second, time.Second // roledConfig's
+	vip := netip.MustParseAddr(VIPAddr)
+	active, other := "", ""
+	for _, h := range []string{NodeA, NodeB} {
+		if l.httpCode(Client, fmt.Sprintf("http://%s:%d/ha-health", IP(h), RoledPort), 2*time.Second) == 200 {
+			active = h
+		} else {
+			other = h
+		}
+	}
+	if active == "" || other == "" {
+		r.fail("want one ACTIVE node, got %q", active)
+		return
+	}
+	hosts := map[string]*nettest.Host{}
+	for _, h := range []string{active, other, Client} {
+		nh, err := nettest.HostAt(h, "/run/netns/"+l.Net.NS(h))
+		if err != nil {
+			r.fail("namespace of %s: %v", h, err)
+			return
+		}
+		defer nh.Close()
+		hosts[h] = nh
+	}
+	if !poll(ctx, 10*time.Second, 5*time.Millisecond, func() bool { ok, _ := hosts[active].Has(vip); return ok }) {
+		r.fail("the VIP is not on the ACTIVE %s", active)
+		return
+	}
+	pres := nettest.StartPresence([]*nettest.Host{hosts[active], hosts[other]}, vip)
+	arp, err := nettest.StartARP(hosts[Client], vip, 10*time.Millisecond)
+	if err != nil {
+		pres.Stop()
+		r.fail("ARP checker: %v", err)
+		return
+	}
+	// The start time of the last reading that found the VIP on the paused
+	// node: it was there at some instant after that.
+	var lastSeen time.Time
+	pctx, stopPoll := context.WithCancel(ctx)
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for pctx.Err() == nil {
+			at := time.Now()
+			if ok, _ := hosts[active].Has(vip); ok {
+				lastSeen = at
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	if err := l.Signal(active, ProcRoled, 19); err != nil { // SIGSTOP
+		stopPoll()
+		<-polled
+		arp.Stop()
+		pres.Stop()
+		r.fail("SIGSTOP roled on %s: %v", active, err)
+		return
+	}
+	stopped := time.Now()
+	time.Sleep(lease + time.Second) // the pause outlasts the lease (scenario)
+	stopPoll()
+	<-polled
+	_ = l.Signal(active, ProcRoled, 18) // SIGCONT
+	resumed := time.Now()
+	back := poll(ctx, 30*time.Second, 5*time.Millisecond, func() bool { ok, _ := hosts[active].Has(vip); return ok })
+	backAfter := time.Since(resumed)
+	arp.Stop()
+	readings, overlaps, seen := pres.Stop()
+	rounds, answered, doubles, byMAC := arp.Snapshot()
+	r.note("VIP checkers: %d address readings (by host %v), %d ARP rounds, %d answered, answers by MAC %v",
+		readings, seen, rounds, answered, byMAC)
+	r.secs("vip last seen on the paused node after SIGSTOP", lastSeen.Sub(stopped))
+	if back {
+		r.secs("vip back after SIGCONT", backAfter)
+	} else {
+		r.fail("the VIP did not come back on %s after SIGCONT", active)
+	}
+	if !lastSeen.Before(stopped.Add(lease - margin)) {
+		r.fail("the VIP was on the stopped %s %s after SIGSTOP, past its deadline (< %s)", active, lastSeen.Sub(stopped), lease-margin)
+	}
+	if doubles != 0 || overlaps != 0 || seen[other] != 0 {
+		r.fail("the VIP elsewhere: %d double-answer rounds, %d overlaps, %d readings on %s", doubles, overlaps, seen[other], other)
+	}
+}
