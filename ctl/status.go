@@ -88,6 +88,12 @@ type RoledNode struct {
 		QuarantinedTotal uint64  `json:"quarantined_total"`
 		LastError        string  `json:"last_error"`
 	} `json:"sync"`
+	// VIP is the floating address of roled's vip section, nil without one.
+	VIP *struct {
+		Interface string   `json:"interface"`
+		Addresses []string `json:"addresses"`
+		Held      []string `json:"held"`
+	} `json:"vip,omitempty"`
 	Error string `json:"error,omitempty"`
 }
 
@@ -350,6 +356,11 @@ func (s Status) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.1fs\t%d\t%s\n", r.Node, role, r.Epoch, since, r.Sync.LagSeconds,
 			r.Sync.QuarantinedTotal, alarm)
+	}
+	for _, r := range s.Roled {
+		if r.VIP != nil && len(r.VIP.Held) > 0 {
+			fmt.Fprintf(tw, "vip\t%s\ton %s (%s)\t\t\t\t\n", strings.Join(r.VIP.Held, " "), r.Node, r.VIP.Interface)
+		}
 	}
 	if s.Active != nil {
 		fmt.Fprintf(tw, "active key\t%s\t%d\t%s\t\t\t\n", s.Active.Node, s.Active.Epoch, s.Active.Since)

@@ -172,6 +172,9 @@ agent:
   passive-reply: down
 %[8]s`, host, RoledPort, yamlList(EtcdEndpoints()), PatroniPort, Scope, l.path(host, "pgrun"),
 		l.path(host, "state", "active"), l.syncSection(host))
+	if l.Opt.VIP {
+		body += fmt.Sprintf("vip:\n  address: %s/24\n  interface: eth0\n", VIPAddr)
+	}
 	return l.writeConfig(host+".roled.yaml", body)
 }
 

@@ -36,6 +36,9 @@ type Options struct {
 	Hold    string `json:"hold"`     // lb hold timeout ("5s"; "0s" disables)
 	SelfExe string `json:"self_exe"` // the hapair-lab binary (app and fallback etcd)
 	Repeat  int    `json:"repeat"`   // switchover/drill rounds per scenario (medians), default 1
+	// VIP gives roled a vip section (VIPAddr on eth0): the service address
+	// follows ACTIVE (issue 20; scenario 10-vip-switchover).
+	VIP bool `json:"vip"`
 	// Owned marks a lab whose creating process tears it down itself (demo,
 	// test, soak): "down" leaves it alone while that process lives.
 	Owned bool `json:"owned"`

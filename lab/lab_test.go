@@ -169,5 +169,6 @@ func buildForTest(ctx context.Context, t *testing.T) Options {
 	if err := os.Chmod(state, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return Options{Root: state, BinDir: bin, SelfExe: self, Hold: "5s", Owned: true}
+	// HAPAIR_LAB_VIP=1: roled holds the lab's VIP (scenario 10-vip-switchover).
+	return Options{Root: state, BinDir: bin, SelfExe: self, Hold: "5s", Owned: true, VIP: os.Getenv("HAPAIR_LAB_VIP") != ""}
 }

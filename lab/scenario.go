@@ -67,6 +67,8 @@ var Scenarios = []Scenario{
 	{"7-frozen-patroni", DCSRemote, FrozenPatroni},
 	{"8-lb-partitioned", DCSRemote, LBPartitioned},
 	{"9-drills-back-to-back", DCSRemote, DrillsBackToBack},
+	{"10-vip-switchover", DCSRemote, VIPSwitchover},
+	{"11-vip-roled-paused", DCSRemote, VIPRoledPaused},
 	{"6-partition-default-hosts", DCSAll, PartitionDefaultHosts},
 }
 

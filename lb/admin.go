@@ -67,11 +67,15 @@ func (l *LB) serveAdmin(ctx context.Context, ln net.Listener) error {
 type Stats struct {
 	Time     time.Time `json:"time"`
 	Backends []Status  `json:"backends"`
+	VIP      any       `json:"vip,omitempty"` // *vip.Status of a balancer pair's VIP
 }
 
 // Stats returns the state of every backend and server.
 func (l *LB) Stats() Stats {
 	st := Stats{Time: time.Now()}
+	if v := l.VIPStatus(); v != nil {
+		st.VIP = v
+	}
 	for _, g := range l.currentGroups() {
 		st.Backends = append(st.Backends, g.Status())
 	}

@@ -42,6 +42,9 @@ type Config struct {
 	Etcd            config.Etcd      `yaml:"etcd"` // optional: fast path
 	Listeners       []ListenerConfig `yaml:"listeners"`
 	Backends        []BackendConfig  `yaml:"backends"`
+	// VIP is the floating address of a balancer pair (lb/vip.go): held by
+	// the balancer that holds the election key; needs etcd. Applies at start.
+	VIP VIPConfig `yaml:"vip"`
 }
 
 // AdminConfig is the local admin/stats/metrics listener.
@@ -136,6 +139,7 @@ func DefaultConfig() Config {
 		Admin:           AdminConfig{Listen: "127.0.0.1:7480"},
 		Cluster:         "hapair",
 		Etcd:            config.Etcd{DialTimeout: 2 * time.Second},
+		VIP:             DefaultVIP(),
 	}
 }
 
@@ -176,6 +180,9 @@ func (c *Config) Validate() error {
 		return config.Errorf("cluster", c.Cluster, "must be a non-empty name without '/'")
 	}
 	if err := c.validateEtcd(); err != nil {
+		return err
+	}
+	if err := c.validateVIP(); err != nil {
 		return err
 	}
 	names := map[string]Kind{}

@@ -54,7 +54,8 @@ type LB struct {
 	checkers  sync.WaitGroup
 	adminAddr net.Addr
 	gatherer  prometheus.Gatherer
-	poll      *pollSet // FIFO read wake-ups for the HTTP/1.1 engine (nil: Go's poller)
+	poll      *pollSet   // FIFO read wake-ups for the HTTP/1.1 engine (nil: Go's poller)
+	vip       *vipHolder // nil without a vip section
 }
 
 // listener is one bound client-facing socket.
@@ -88,6 +89,13 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*LB, error) {
 				m.state.loop = p.loopCounts
 			}
 		}
+	}
+	if cfg.VIP.Enabled() {
+		h, err := newVIPHolder(cfg, lg.Named("vip"))
+		if err != nil {
+			return nil, err
+		}
+		l.vip = h
 	}
 	l.groups = l.buildGroups(cfg, nil)
 	m.state.groups = l.currentGroups
@@ -168,6 +176,15 @@ func (l *LB) Run(ctx context.Context) error {
 			defer bg.Done()
 			if err := w.run(ctx); err != nil {
 				l.lg.Error("etcd fast path disabled", zap.String("key", w.key), zap.Error(err))
+			}
+		}()
+	}
+	if l.vip != nil {
+		bg.Add(1)
+		go func() {
+			defer bg.Done()
+			if err := l.vip.run(ctx); err != nil {
+				l.lg.Error("VIP election stopped: this balancer does not hold the VIP", zap.Error(err))
 			}
 		}()
 	}

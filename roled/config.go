@@ -10,6 +10,7 @@ import (
 
 	"github.com/hapair/hapair/internal/config"
 	"github.com/hapair/hapair/syncdir"
+	"github.com/hapair/hapair/vip"
 )
 
 // Config is the whole configuration of hapair-roled. YAML keys are the ones
@@ -40,6 +41,10 @@ type Config struct {
 	// Sync is the file sync (package syncdir), enabled when it lists roots.
 	// roled drives its direction; its receiver runs in the same process.
 	Sync syncdir.Config `yaml:"sync"`
+
+	// VIP is the floating address that follows ACTIVE (package vip),
+	// enabled when vip.address is set. It needs CAP_NET_ADMIN and CAP_NET_RAW.
+	VIP vip.Config `yaml:"vip"`
 }
 
 // HistoryConfig bounds the failover history under <key-prefix>history/.
@@ -154,6 +159,7 @@ func DefaultConfig() Config {
 		PHPFPM:  FPMConfig{Interval: 5 * time.Second, Timeout: time.Second},
 		History: HistoryConfig{Keep: 100},
 		Sync:    syncdir.DefaultConfig(),
+		VIP:     vip.Default(),
 	}
 }
 
@@ -180,6 +186,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := c.Etcd.Validate("etcd"); err != nil {
+		return err
+	}
+	if err := c.validateVIP(); err != nil {
 		return err
 	}
 	if c.SyncEnabled() {

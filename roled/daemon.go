@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/hapair/hapair/internal/config"
+	"github.com/hapair/hapair/vip"
 )
 
 // Daemon is hapair-roled: it maps Patroni leadership to the ACTIVE/PASSIVE
@@ -50,8 +51,9 @@ type Daemon struct {
 	eager     atomic.Bool
 	loopBeat  atomic.Int64 // now() of the state loop's last iteration
 	sync      SyncHooks
-	ls        loopState // owned by the state goroutine
-	hist      history   // the last ACTIVE seen, for the failover history
+	vip       *vip.Guard // nil without a vip section
+	ls        loopState  // owned by the state goroutine
+	hist      history    // the last ACTIVE seen, for the failover history
 	histq     chan historyJob
 
 	// owned by the etcd goroutine
@@ -126,6 +128,10 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*Daemon, error) {
 		d.Close()
 		return nil, err
 	}
+	if err := d.newVIP(); err != nil {
+		d.Close()
+		return nil, err
+	}
 	m.reg.MustRegister(newStateCollector(d))
 	return d, nil
 }
@@ -150,6 +156,9 @@ func (d *Daemon) listen() error {
 
 // Close releases the listeners of a Daemon whose Run was never called.
 func (d *Daemon) Close() {
+	if d.vip != nil {
+		_ = d.vip.Close()
+	}
 	for _, ln := range []net.Listener{d.httpLn, d.agentLn, d.replicaLn} {
 		if ln != nil {
 			_ = ln.Close()
@@ -224,6 +233,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	g.Go(func() error { return d.heartbeatLoop(gctx) })
 	g.Go(func() error { return d.historyLoop(gctx) })
 	g.Go(func() error { return d.serveHTTP(gctx) })
+	if d.vip != nil {
+		g.Go(func() error { return d.vip.Run(gctx) })
+	}
 	if d.agentLn != nil {
 		g.Go(func() error { return d.serveAgent(gctx, d.agentLn, "app", d.appAgentReply) })
 	}

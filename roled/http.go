@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/hapair/hapair/vip"
 )
 
 // Status is the JSON of GET /role and the body of GET /ha-health. hapairctl
@@ -26,6 +28,7 @@ type Status struct {
 	Etcd     EtcdSummary     `json:"etcd"`
 	Takeover []TakeoverAlarm `json:"takeover_alarms"`
 	Sync     any             `json:"sync,omitempty"`
+	VIP      *vip.Status     `json:"vip,omitempty"` // the floating address, when configured
 }
 
 // PatroniSummary is the local Patroni as last seen.
@@ -105,6 +108,7 @@ func (d *Daemon) Status() Status {
 	if d.sync.Status != nil {
 		st.Sync = d.sync.Status()
 	}
+	st.VIP = d.vipStatus()
 	return st
 }
 
@@ -192,6 +196,7 @@ type heartbeat struct {
 	Patroni  PatroniSummary `json:"patroni"`
 	Sync     any            `json:"sync,omitempty"`
 	Takeover bool           `json:"takeover_alarm"`
+	VIP      *vip.Status    `json:"vip,omitempty"`
 	Updated  time.Time      `json:"updated"`
 }
 
@@ -214,7 +219,7 @@ func (d *Daemon) heartbeatLoop(ctx context.Context) error {
 		}
 		st := d.Status()
 		b, _ := json.Marshal(heartbeat{Node: st.Node, Role: st.Role, Epoch: st.Epoch, Since: st.Since,
-			Reason: st.Reason, Patroni: st.Patroni, Sync: st.Sync,
+			Reason: st.Reason, Patroni: st.Patroni, Sync: st.Sync, VIP: st.VIP,
 			Takeover: d.etcdView.Load().takeoverBlocks(d.cfg.member()), Updated: time.Now().UTC()})
 		tctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, err := d.cli.Put(tctx, d.nodeKey(), string(b), clientv3.WithLease(clientv3.LeaseID(l.id)))

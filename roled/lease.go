@@ -74,6 +74,7 @@ func (d *Daemon) keepAlive(ctx context.Context, id int64) {
 			d.lg.Warn("lease lost", zap.String("lease", leaseHex(id)))
 			d.m.keepaliveFailures.Inc()
 			d.lease.Store(&leaseState{})
+			d.vipKick()
 			nudge(d.wake)
 			return
 		default:
@@ -96,6 +97,7 @@ func (d *Daemon) publishLease(id, ttlSec int64, sent time.Duration) {
 		ttl = d.cfg.LeaseTTL // never trust a longer TTL than asked for
 	}
 	d.lease.Store(&leaseState{id: id, ttl: ttl, lastSent: sent, deadline: sent + ttl - d.cfg.SafetyMargin})
+	d.vipKick()
 	nudge(d.wake)
 }
 

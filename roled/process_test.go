@@ -79,6 +79,9 @@ agent: {listen: "127.0.0.1:0"}
 `, cfg.Node, cfg.LeaseTTL, cfg.SafetyMargin, cfg.KeepAliveInterval, cfg.RereadInterval, cfg.HeartbeatInterval,
 		`"`+strings.Join(cfg.Etcd.Endpoints, `","`)+`"`, cfg.Patroni.URL, cfg.Patroni.PollInterval,
 		cfg.Patroni.FastPollInterval, cfg.Patroni.Timeout, cfg.Postgres.Timeout, cfg.Marker.Path)
+	if v := cfg.VIP; v.Enabled() {
+		yml += fmt.Sprintf("vip: {address: %q, interface: %q, netns: %q}\n", v.Address, v.Interface, v.Netns)
+	}
 	path := filepath.Join(t.TempDir(), "roled.yaml")
 	if err := os.WriteFile(path, []byte(yml), 0o644); err != nil {
 		t.Fatal(err)

@@ -182,6 +182,7 @@ func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
 	d.m.transitions.WithLabelValues("active", string(ReasonPrimary)).Inc()
 	d.lg.Info("role changed", zap.String("from", "passive"), zap.String("to", "active"),
 		zap.String("reason", string(ReasonPrimary)), zap.Int64("epoch", epoch))
+	d.vipSync() // serve 200 → add VIP + announce → start sender
 	if d.sync.SetActive != nil {
 		d.sync.SetActive(epoch)
 	}
@@ -229,6 +230,7 @@ func (d *Daemon) becomePassive(ctx context.Context, reason Reason) {
 	d.ls.role, d.ls.epoch, d.ls.lastReason = RolePassive, 0, reason
 	d.lg.Info("role changed", zap.String("from", "active"), zap.String("to", "passive"),
 		zap.String("reason", string(reason)), zap.Int64("epoch", epoch))
+	d.vipSync() // serve 503 → remove VIP, before the key is released
 	if d.sync.SetPassive != nil {
 		d.sync.SetPassive()
 	}

@@ -64,6 +64,9 @@ func run(args []string) error {
 		return err
 	}
 	b.SetGatherer(reg)
+	if c := b.VIPCollector(); c != nil {
+		reg.MustRegister(c)
+	}
 
 	// Registered before anything runs: an early SIGHUP must not kill us.
 	hup := make(chan os.Signal, 1)

@@ -144,11 +144,12 @@ func runLab(ctx context.Context, cmd string, args []string) error {
 	runRe := fs.String("run", "", "test: scenarios to run (regexp on the name)")
 	minutes := fs.Float64("minutes", 10, "soak: duration in minutes")
 	repeat := fs.Int("repeat", 1, "test: switchover and drill rounds per scenario (medians)")
+	vip := fs.Bool("vip", false, "roled holds the lab's VIP "+lab.VIPAddr+" on the ACTIVE node (scenario 10-vip-switchover)")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
 	opt := lab.Options{Root: c.root, Tag: c.tag, BinDir: c.binDir, DCSMode: c.dcs, Hold: c.hold, Repeat: *repeat,
-		Owned: cmd != "up"}
+		Owned: cmd != "up", VIP: *vip}
 	if opt.BinDir == "" {
 		opt.BinDir = filepath.Join(c.root, "bin")
 		if c.build {

@@ -1,0 +1,136 @@
+// Package vip owns the floating service address: it adds the addresses to an
+// interface only while its owner may hold them (roled while ACTIVE, hapair-lb
+// while it holds its election key), announces them, and removes them before
+// the owner's local deadline passes.
+//
+// Two fences keep an address off a host that has lost the right to it:
+//   - in the process, a timer at the owner's deadline removes the addresses,
+//     and every add, refresh and announcement checks the deadline first, so a
+//     process resumed from a pause removes them before it does anything else;
+//   - in the kernel, every address is added with a valid lifetime that ends
+//     before that deadline (valid_lft, refreshed on every new deadline), so a
+//     process that is paused, killed or stuck loses the address anyway: the
+//     kernel deletes it on time without the process.
+package vip
+
+import (
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/hapair/hapair/internal/config"
+)
+
+// Config is the `vip` section of roled and of hapair-lb.
+type Config struct {
+	// Address is the floating address with its prefix length, e.g.
+	// 10.0.0.100/24 (IPv4) or 2001:db8::100/64 (IPv6). Empty (the default)
+	// disables the VIP.
+	Address string `yaml:"address"`
+	// Interface is the interface the addresses are added to, e.g. eth0
+	// (required with address).
+	Interface string `yaml:"interface"`
+	// Extra are further addresses (same form as address) held and released
+	// together with it (default none).
+	Extra []string `yaml:"extra"`
+	// AnnounceCount is how many gratuitous ARP (IPv4) or unsolicited
+	// neighbour advertisement (IPv6) rounds are sent after the addresses are
+	// added, 0..20 (default 3). The first is sent at once.
+	AnnounceCount int `yaml:"announce-count"`
+	// AnnounceInterval is the time between announcement rounds (default 200ms).
+	AnnounceInterval time.Duration `yaml:"announce-interval"`
+	// Netns is the path of the network namespace that holds the interface,
+	// e.g. /run/netns/front (default "": the process's own). For containers
+	// and tests; the process still talks to etcd from its own namespace.
+	Netns string `yaml:"netns"`
+}
+
+// Default returns the defaults of the section (disabled).
+func Default() Config {
+	return Config{AnnounceCount: 3, AnnounceInterval: 200 * time.Millisecond}
+}
+
+// Enabled reports whether an address is configured.
+func (c Config) Enabled() bool { return c.Address != "" }
+
+// Prefixes returns address and extra, parsed. Call after Validate.
+func (c Config) Prefixes() []netip.Prefix {
+	var ps []netip.Prefix
+	for _, s := range append([]string{c.Address}, c.Extra...) {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// Validate checks the section; errors name prefix.field. A disabled section
+// is valid whatever else it holds.
+func (c Config) Validate(prefix string) error {
+	if !c.Enabled() {
+		if len(c.Extra) > 0 {
+			return config.Errorf(config.Join(prefix, "extra"), c.Extra, "needs address")
+		}
+		return nil
+	}
+	seen := map[netip.Addr]bool{}
+	check := func(field, s string) error {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return config.Errorf(config.Join(prefix, field), s, "want an address with its prefix length, e.g. 10.0.0.100/24")
+		}
+		a := p.Addr()
+		if a.Zone() != "" || a.IsLoopback() || a.IsUnspecified() || a.IsMulticast() || a.IsLinkLocalUnicast() {
+			return config.Errorf(config.Join(prefix, field), s, "must be a unicast address, not loopback, link-local or multicast")
+		}
+		if seen[a] {
+			return config.Errorf(config.Join(prefix, field), s, "address listed twice")
+		}
+		seen[a] = true
+		return nil
+	}
+	if err := check("address", c.Address); err != nil {
+		return err
+	}
+	for i, e := range c.Extra {
+		if err := check("extra["+itoa(i)+"]", e); err != nil {
+			return err
+		}
+	}
+	if c.Interface == "" || len(c.Interface) > 15 || strings.ContainsAny(c.Interface, "/ \t\n") {
+		return config.Errorf(config.Join(prefix, "interface"), c.Interface, "required with address: an interface name of at most 15 characters")
+	}
+	if c.AnnounceCount < 0 || c.AnnounceCount > 20 {
+		return config.Errorf(config.Join(prefix, "announce-count"), c.AnnounceCount, "must be 0..20")
+	}
+	if c.AnnounceCount > 1 && (c.AnnounceInterval <= 0 || c.AnnounceInterval > 10*time.Second) {
+		return config.Errorf(config.Join(prefix, "announce-interval"), c.AnnounceInterval, "must be positive and at most 10s")
+	}
+	if c.Netns != "" && !strings.HasPrefix(c.Netns, "/") {
+		return config.Errorf(config.Join(prefix, "netns"), c.Netns, "must be an absolute path")
+	}
+	return nil
+}
+
+// CheckTiming refuses a lease whose deadline leaves no room for the kernel
+// lifetime. The lifetime is whole seconds and ends KernelSlack before the
+// deadline; it is set when a keep-alive answer arrives, up to one
+// keep-alive period (taken as the round trip allowed) after the deadline's
+// base. So Lifetime(lease-ttl - safety-margin - keepalive-interval) must be
+// at least 1s and longer than keepalive-interval, or the address would lapse
+// between refreshes. field names the setting to change (e.g. "lease-ttl").
+func CheckTiming(field string, ttl, margin, keepalive time.Duration) error {
+	if l := Lifetime(ttl - margin - keepalive); l < time.Second || l <= keepalive {
+		return config.Errorf(field, ttl,
+			"with vip, lease-ttl - safety-margin - keepalive-interval (%s) must leave a whole-second kernel address lifetime ending %s before the deadline and longer than keepalive-interval (%s); got %s",
+			ttl-margin-keepalive, KernelSlack, keepalive, l)
+	}
+	return nil
+}
+
+func itoa(i int) string {
+	if i < 10 {
+		return string(rune('0' + i))
+	}
+	return itoa(i/10) + string(rune('0'+i%10))
+}

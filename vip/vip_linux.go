@@ -1,0 +1,181 @@
+package vip
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// nlLink is an interface reached over netlink (github.com/vishvananda/netlink)
+// with an AF_PACKET socket for the announcements, both opened in the
+// configured network namespace.
+type nlLink struct {
+	name string
+	h    *netlink.Handle
+	pkt  int // AF_PACKET socket, send only
+}
+
+func openLink(cfg Config) (link, error) {
+	ns := netns.None()
+	if cfg.Netns != "" {
+		var err error
+		if ns, err = netns.GetFromPath(cfg.Netns); err != nil {
+			return nil, fmt.Errorf("vip: network namespace %s: %w", cfg.Netns, err)
+		}
+		defer ns.Close()
+	}
+	var h *netlink.Handle
+	var err error
+	if ns.IsOpen() {
+		h, err = netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	} else {
+		h, err = netlink.NewHandle(unix.NETLINK_ROUTE)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("vip: netlink: %w", err)
+	}
+	// Protocol 0: the socket receives nothing, it only sends.
+	pkt, err := inNetns(ns, func() (int, error) {
+		return unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	})
+	if err != nil {
+		h.Close()
+		return nil, fmt.Errorf("vip: packet socket (needs CAP_NET_RAW): %w", err)
+	}
+	l := &nlLink{name: cfg.Interface, h: h, pkt: pkt}
+	if _, err := h.LinkByName(cfg.Interface); err != nil {
+		l.close()
+		return nil, fmt.Errorf("vip: interface %s: %w", cfg.Interface, err)
+	}
+	return l, nil
+}
+
+// inNetns runs f on a thread switched into ns (the process's own when ns is
+// not open). Sockets keep the namespace they were made in.
+func inNetns(ns netns.NsHandle, f func() (int, error)) (int, error) {
+	if !ns.IsOpen() {
+		return f()
+	}
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{-1, err}
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(ns); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{-1, err}
+			return
+		}
+		fd, ferr := f()
+		if err := netns.Set(orig); err != nil {
+			// The thread stays locked and dies with this goroutine: it
+			// must not run other goroutines in the wrong namespace.
+			ch <- result{fd, ferr}
+			return
+		}
+		runtime.UnlockOSThread()
+		ch <- result{fd, ferr}
+	}()
+	r := <-ch
+	return r.fd, r.err
+}
+
+func nlAddr(p netip.Prefix, lifetime time.Duration) *netlink.Addr {
+	a := p.Addr()
+	bits := 32
+	if a.Is6() {
+		bits = 128
+	}
+	na := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(p.Bits(), bits)}}
+	if lifetime > 0 {
+		s := int(lifetime / time.Second)
+		na.ValidLft, na.PreferedLft = s, s
+	}
+	if a.Is6() {
+		// Without NODAD the address stays tentative (unusable) for the
+		// duplicate address detection time, about a second, after each add.
+		na.Flags = unix.IFA_F_NODAD
+	}
+	return na
+}
+
+func (l *nlLink) replace(ps []netip.Prefix, lifetime time.Duration) error {
+	lk, err := l.h.LinkByName(l.name)
+	if err != nil {
+		return err
+	}
+	for _, p := range ps {
+		if err := l.h.AddrReplace(lk, nlAddr(p, lifetime)); err != nil {
+			return fmt.Errorf("add %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func (l *nlLink) remove(ps []netip.Prefix) error {
+	lk, err := l.h.LinkByName(l.name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil // no interface, no address on it
+		}
+		return err
+	}
+	var first error
+	for _, p := range ps {
+		err := l.h.AddrDel(lk, nlAddr(p, 0))
+		if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENODEV) && first == nil {
+			first = fmt.Errorf("remove %s: %w", p, err)
+		}
+	}
+	return first
+}
+
+func (l *nlLink) announce(ps []netip.Prefix) error {
+	lk, err := l.h.LinkByName(l.name)
+	if err != nil {
+		return err
+	}
+	mac, idx := lk.Attrs().HardwareAddr, lk.Attrs().Index
+	if len(mac) != 6 {
+		return fmt.Errorf("interface %s has no Ethernet address", l.name)
+	}
+	for _, p := range ps {
+		var frame []byte
+		var typ uint16
+		if p.Addr().Is6() {
+			frame, typ = unsolicitedNA(mac, p.Addr()), etherTypeIPv6
+		} else {
+			frame, typ = gratuitousARP(mac, p.Addr()), etherTypeARP
+		}
+		sa := &unix.SockaddrLinklayer{Protocol: htons(typ), Ifindex: idx, Halen: 6}
+		copy(sa.Addr[:], frame[0:6])
+		if err := unix.Sendto(l.pkt, frame, 0, sa); err != nil {
+			return fmt.Errorf("announce %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+func (l *nlLink) close() error {
+	l.h.Close()
+	return unix.Close(l.pkt)
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package vip
+
+import "errors"
+
+func openLink(Config) (link, error) {
+	return nil, errors.New("vip: floating addresses need Linux (netlink)")
+}
