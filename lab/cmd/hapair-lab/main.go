@@ -1,7 +1,8 @@
 // Command hapair-lab runs hapair's end-to-end lab: network namespaces as
 // hosts, real Patroni + PostgreSQL 15, the project's binaries, and scenarios.
 //
-//	hapair-lab up [--dcs remote|all] [--hold 5s]   bring a lab up, print status, leave it running
+//	hapair-lab up [--dcs remote|all] [--hold 5s] [--rto 5s]   bring a lab up, print status, leave it running
+//	                                                 (--rto: every timer derived from the target, as hapairctl plan)
 //	hapair-lab status|down [--tag T]                status table / tear down (all labs without --tag)
 //	hapair-lab demo                                  up, switchover A→B and back with probes, timings, down
 //	hapair-lab test [--run REGEX]                    the scenarios (each on a fresh lab)
@@ -48,8 +49,8 @@ func usage() {
 }
 
 type common struct {
-	root, tag, binDir, dcs, hold string
-	build                        bool
+	root, tag, binDir, dcs, hold, rto string
+	build                             bool
 }
 
 func flags(name string, c *common) *flag.FlagSet {
@@ -58,7 +59,8 @@ func flags(name string, c *common) *flag.FlagSet {
 	fs.StringVar(&c.tag, "tag", "", "lab tag (namespace prefix)")
 	fs.StringVar(&c.binDir, "bin-dir", "", "directory of hapair-* binaries (default: build them into <root>/bin)")
 	fs.StringVar(&c.dcs, "dcs", lab.DCSRemote, "Patroni etcd hosts: remote (DESIGN.md §3) or all (Patroni default)")
-	fs.StringVar(&c.hold, "hold", "5s", "lb hold timeout (0s disables)")
+	fs.StringVar(&c.hold, "hold", "", "lb hold timeout (default 5s, or the budget's with --rto; 0s disables)")
+	fs.StringVar(&c.rto, "rto", "", "timing budget: derive every timer from this target (e.g. 5s; see hapairctl plan)")
 	fs.BoolVar(&c.build, "build", true, "build the project's binaries first (when --bin-dir is not given)")
 	return fs
 }
@@ -147,7 +149,7 @@ func runLab(ctx context.Context, cmd string, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
-	opt := lab.Options{Root: c.root, Tag: c.tag, BinDir: c.binDir, DCSMode: c.dcs, Hold: c.hold, Repeat: *repeat,
+	opt := lab.Options{Root: c.root, Tag: c.tag, BinDir: c.binDir, DCSMode: c.dcs, Hold: c.hold, RTO: c.rto, Repeat: *repeat,
 		Owned: cmd != "up"}
 	if opt.BinDir == "" {
 		opt.BinDir = filepath.Join(c.root, "bin")
