@@ -197,7 +197,10 @@ func patroniTimers(b []byte, path, prefix string) (budget.Timers, error) {
 func prefixed(t budget.Timers, file string) budget.Timers {
 	names := map[budget.Key]string{}
 	for _, k := range budget.Keys() {
-		names[k] = file + ": " + t.Name(k)
+		_, known := t.Get(k)
+		if _, named := t.Names[k]; known || named {
+			names[k] = file + ": " + t.Name(k)
+		}
 	}
 	t.Names = names
 	return t
