@@ -16,8 +16,8 @@ const (
 	s  = time.Second
 )
 
-// TestDerive: target → every derived timer. The 5 s row is worked by hand
-// in the README's timing section.
+// TestDerive: target → every derived timer. The 6.5 s row is worked by
+// hand in the README's timing section.
 func TestDerive(t *testing.T) {
 	type want struct {
 		ttl, loop, retry, hb, el, lease, margin, ka, poll, pto, ci, ct, hold, syncMax time.Duration
@@ -26,9 +26,9 @@ func TestDerive(t *testing.T) {
 		target time.Duration
 		want   want
 	}{
-		{5 * s, want{3 * s, 1 * s, 1 * s, 40 * ms, 400 * ms, 2 * s, 500 * ms, 500 * ms, 250 * ms, 700 * ms, 250 * ms, 200 * ms, 7 * s, 2500 * ms}},
-		{4600 * ms, want{3 * s, 1 * s, 1 * s, 40 * ms, 400 * ms, 2 * s, 500 * ms, 500 * ms, 250 * ms, 700 * ms, 230 * ms, 180 * ms, 7 * s, 2300 * ms}},
-		{10 * s, want{8 * s, 1 * s, 3 * s, 100 * ms, 1 * s, 5 * s, 1 * s, 1 * s, 500 * ms, 1 * s, 500 * ms, 400 * ms, 14 * s, 5 * s}},
+		{6500 * ms, want{5 * s, 1 * s, 2 * s, 54 * ms, 540 * ms, 3 * s, 600 * ms, 800 * ms, 250 * ms, 1 * s, 320 * ms, 250 * ms, 9 * s, 3200 * ms}},
+		{6300 * ms, want{5 * s, 1 * s, 2 * s, 52 * ms, 520 * ms, 3 * s, 600 * ms, 800 * ms, 250 * ms, 1 * s, 310 * ms, 240 * ms, 9 * s, 3100 * ms}},
+		{10 * s, want{9 * s, 1 * s, 4 * s, 83 * ms, 830 * ms, 5 * s, 1 * s, 1 * s, 500 * ms, 1 * s, 500 * ms, 400 * ms, 14 * s, 5 * s}},
 		{30 * s, want{30 * s, 6 * s, 12 * s, 100 * ms, 1 * s, 5 * s, 1 * s, 1 * s, 500 * ms, 1 * s, 1 * s, 800 * ms, 36 * s, 10 * s}},
 	} {
 		t.Run(tc.target.String(), func(t *testing.T) {
@@ -69,9 +69,13 @@ func TestDerive(t *testing.T) {
 	}
 }
 
-// TestDeriveFiveSeconds checks the hand-worked arithmetic of a kill at 5 s.
-func TestDeriveFiveSeconds(t *testing.T) {
-	p, err := Derive(5 * s)
+// TestDeriveLowest checks the hand-worked arithmetic of a kill at 6.5 s and
+// the lowest target accepted.
+func TestDeriveLowest(t *testing.T) {
+	if got := Lowest(); got != 6300*ms {
+		t.Errorf("Lowest() = %s, want 6.3s", got)
+	}
+	p, err := Derive(6500 * ms)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,13 +83,13 @@ func TestDeriveFiveSeconds(t *testing.T) {
 	if kill.Fault != FaultKill {
 		t.Fatalf("first outage %s, want the kill", kill.Fault)
 	}
-	// detection 3 − 0.5 + 0.25; decision 0.1; promotion 0.5 + 0.025 + 0.1; routing 0.02
-	if kill.Typical != 3495*ms {
-		t.Errorf("kill typical %s, want 3.495s", kill.Typical)
+	// detection 5 − 0.5 + 0.25; decision 0.1; promotion 0.5 + 0.025 + 0.1; routing 0.02
+	if kill.Typical != 5495*ms {
+		t.Errorf("kill typical %s, want 5.495s", kill.Typical)
 	}
-	// detection 3 + 0.5 + 3 × 0.4; decision 0.3; promotion 1 + 0.05 + 0.1; routing 0.02 + 0.2
-	if kill.Worst != 6370*ms {
-		t.Errorf("kill worst %s, want 6.37s", kill.Worst)
+	// detection 5 + 0.5 + 3 × 0.54; decision 0.3; promotion 1 + 0.05 + 0.1; routing 0.02 + 0.25
+	if kill.Worst != 8840*ms {
+		t.Errorf("kill worst %s, want 8.84s", kill.Worst)
 	}
 	if b := p.Binding(); b.Fault != FaultPartition {
 		t.Errorf("binding fault %s, want the partition (its checks route when the fast path is cut)", b.Fault)
@@ -101,6 +105,8 @@ func TestDeriveRefused(t *testing.T) {
 		{-time.Second, ReasonNotPositive},
 		{time.Second, ReasonTooFast},
 		{4500 * ms, ReasonTooFast},
+		{5 * s, ReasonTooFast},
+		{6200 * ms, ReasonTooFast},
 		{11 * time.Minute, ReasonTooSlow},
 	} {
 		_, err := Derive(tc.target)
@@ -110,7 +116,7 @@ func TestDeriveRefused(t *testing.T) {
 			continue
 		}
 		if tc.reason == ReasonTooFast && (re.Closest == nil || re.Closest.Timers.PatroniTTL != minTTL ||
-			!strings.Contains(err.Error(), "ttl 3s")) {
+			!strings.Contains(err.Error(), "ttl 5s")) {
 			t.Errorf("Derive(%s): refusal does not show the fastest safe plan: %v", tc.target, err)
 		}
 	}
@@ -137,6 +143,7 @@ func TestCheck(t *testing.T) {
 		field string
 	}{
 		{"ttl not whole seconds", func(x *Timers) { x.PatroniTTL = 3500 * ms }, RulePatroniSeconds, "ttl"},
+		{"retry_timeout below 2 s", func(x *Timers) { x.PatroniRetryTimeout = 1 * s }, RulePatroniRetry, "retry_timeout"},
 		{"loop_wait + 2 × retry above ttl", func(x *Timers) { x.PatroniRetryTimeout = 5 * s }, RulePatroniLoop, "ttl"},
 		{"lease longer than ttl", func(x *Timers) { x.LeaseTTL = 12 * s; x.SafetyMargin = 2 * s; x.KeepAliveInterval = 2 * s },
 			RuleLeaseBelowTTL, "lease-ttl"},
@@ -147,9 +154,9 @@ func TestCheck(t *testing.T) {
 		{"patroni timeout outlasts the deadline", func(x *Timers) { x.PatroniTimeout = 4 * s }, RuleRoledCalls, "patroni.timeout"},
 		{"postgres timeout outlasts the deadline", func(x *Timers) { x.PostgresTimeout = 5 * s }, RuleRoledCalls, "postgres.timeout"},
 		{"frozen Patroni noticed too late", func(x *Timers) {
-			x.PatroniTTL, x.PatroniLoopWait, x.PatroniRetryTimeout = 3*s, 1*s, 1*s
+			x.PatroniTTL, x.PatroniLoopWait, x.PatroniRetryTimeout = 5*s, 1*s, 2*s
 			x.LeaseTTL, x.SafetyMargin, x.KeepAliveInterval, x.EtcdElection, x.EtcdHeartbeat = 2*s, 500*ms, 500*ms, 400*ms, 40*ms
-			x.PatroniTimeout, x.PostgresTimeout, x.PollInterval, x.CheckInterval = 700*ms, 700*ms, 1500*ms, 250*ms
+			x.PatroniTimeout, x.PostgresTimeout, x.PollInterval, x.CheckInterval = 700*ms, 700*ms, 3500*ms, 250*ms
 		}, RuleFrozenPatroni, "patroni.poll-interval"},
 		{"election below 10 heartbeats", func(x *Timers) { x.EtcdElection = 500 * ms }, RuleEtcdElection, "election-timeout"},
 		{"election outlasts retry_timeout", func(x *Timers) { x.EtcdElection = 1500 * ms }, RuleElectionVsRetry, "election-timeout"},
@@ -197,7 +204,7 @@ func TestCheckPartial(t *testing.T) {
 // TestFileRoundTrip: plan --json's output reads back to the same timers,
 // and a hand-edited file's error names its section.
 func TestFileRoundTrip(t *testing.T) {
-	p, err := Derive(5 * s)
+	p, err := Derive(6500 * ms)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,13 +224,13 @@ func TestFileRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(back, p.Timers) {
 		t.Errorf("round trip:\n got %+v\nwant %+v", back, p.Timers)
 	}
-	f.Roled.LeaseTTL = Duration(3 * s)
+	f.Roled.LeaseTTL = Duration(5 * s)
 	x, _ := f.Timers("plan.json")
 	var v *Violation
 	if err := Check(x); !errors.As(err, &v) || v.Err.Field != "plan.json: roled.lease-ttl" {
 		t.Errorf("edited lease: %v, want an error naming plan.json: roled.lease-ttl", err)
 	}
-	if !strings.Contains(string(b), `"ttl":3`) || !strings.Contains(string(b), `"lease-ttl":"2s"`) {
+	if !strings.Contains(string(b), `"ttl":5`) || !strings.Contains(string(b), `"lease-ttl":"3s"`) {
 		t.Errorf("json lacks Patroni's ttl in seconds or roled's lease: %s", b)
 	}
 }

@@ -19,9 +19,10 @@ const (
 
 // Floors below which a timer is not safe, whatever the target.
 const (
-	// Patroni: loop_wait and retry_timeout of 1 s make ttl 3 s the least
-	// that keeps loop_wait + 2 × retry_timeout ≤ ttl.
-	minTTL = 3 * time.Second
+	// Patroni: retry_timeout of 2 s (RulePatroniRetry) and loop_wait of 1 s
+	// make ttl 5 s the least that keeps loop_wait + 2 × retry_timeout ≤ ttl.
+	minRetry = 2 * time.Second
+	minTTL   = 5 * time.Second
 	// etcd: a 30 ms heartbeat is the least that a loaded LAN host keeps
 	// (etcd's guide: about the round trip time, with room for fsync).
 	minElection = 300 * time.Millisecond
@@ -37,7 +38,7 @@ const (
 	ReasonNone Reason = iota
 	// ReasonNotPositive: the target is zero or negative.
 	ReasonNotPositive
-	// ReasonTooFast: even the fastest safe timers (ttl 3 s) miss it.
+	// ReasonTooFast: even the fastest safe timers (ttl 5 s) miss it.
 	ReasonTooFast
 	// ReasonTooSlow: above MaxTarget.
 	ReasonTooSlow
@@ -138,6 +139,16 @@ func Derive(target time.Duration) (Plan, error) {
 	return Plan{}, &RefusedError{Target: target, Reason: ReasonTooFast, Closest: &last}
 }
 
+// Lowest is the smallest target Derive accepts, to 100 ms.
+func Lowest() time.Duration {
+	for d := minTTL; d <= MaxTarget; d += 100 * time.Millisecond {
+		if _, err := Derive(d); err == nil {
+			return d
+		}
+	}
+	return MaxTarget
+}
+
 // timersFor derives every timer from Patroni's ttl and the target.
 func timersFor(target, ttl time.Duration) Timers {
 	t := Defaults()
@@ -145,10 +156,13 @@ func timersFor(target, ttl time.Duration) Timers {
 	// Patroni's own ratio is 30/10/10; hapair's 10/2/3 keeps more room for
 	// retries: loop_wait a fifth of ttl, retry_timeout all that is left.
 	t.PatroniLoopWait = max(time.Second, (ttl / 5).Truncate(time.Second))
-	t.PatroniRetryTimeout = max(time.Second, ((ttl - t.PatroniLoopWait) / 2).Truncate(time.Second))
+	t.PatroniRetryTimeout = max(minRetry, ((ttl - t.PatroniLoopWait) / 2).Truncate(time.Second))
 	// An etcd election (≤ 2 election timeouts) must end within
-	// retry_timeout, with 200 ms to spare; etcd's 1 s default above that.
-	t.EtcdElection = max(minElection, min(time.Second, ((t.PatroniRetryTimeout-200*time.Millisecond)/2).Truncate(10*time.Millisecond)))
+	// retry_timeout, with 200 ms to spare; etcd's 1 s default above that;
+	// and a kill of the node that leads etcd costs 3 election timeouts
+	// more, kept within a quarter of the target.
+	el := min(time.Second, (t.PatroniRetryTimeout-200*time.Millisecond)/2, target/12)
+	t.EtcdElection = max(minElection, el.Truncate(10*time.Millisecond))
 	t.EtcdHeartbeat = (t.EtcdElection / 10).Truncate(time.Millisecond)
 	// roled gives up (lease − margin) before Patroni's key can move
 	// (ttl − loop_wait), with a second to spare; 5 s (today's) at most.

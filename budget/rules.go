@@ -15,6 +15,12 @@ const (
 	// RulePatroniSeconds: Patroni reads ttl, loop_wait and retry_timeout as
 	// whole seconds, at least 1 (a fraction would be cut off silently).
 	RulePatroniSeconds Rule = iota + 1
+	// RulePatroniRetry: retry_timeout ≥ 2 s. Patroni's etcd3 client (3.0.2,
+	// patroni/dcs/etcd3.py attempt_to_acquire_leader) refreshes its lease
+	// and then refuses to try for the leader key with less than 1 s of
+	// retry_timeout left: at 1 s a replica never takes over (the lab's kill
+	// at ttl 3 / retry_timeout 1: no leader for a minute).
+	RulePatroniRetry
 	// RulePatroniLoop: loop_wait + 2 × retry_timeout ≤ ttl, so a primary
 	// that cannot reach etcd demotes itself before its key can expire.
 	RulePatroniLoop
@@ -54,6 +60,7 @@ const (
 
 var ruleNames = map[Rule]string{
 	RulePatroniSeconds:  "patroni-whole-seconds",
+	RulePatroniRetry:    "patroni-retry-2s",
 	RulePatroniLoop:     "patroni-loop",
 	RuleLeaseBelowTTL:   "lease-below-ttl",
 	RuleKeepAlive:       "keepalive",
@@ -117,6 +124,10 @@ func Violations(t Timers) []*Violation {
 	ttl, okTTL := t.get(PatroniTTL)
 	loop, okLoop := t.get(PatroniLoopWait)
 	retry, okRetry := t.get(PatroniRetryTimeout)
+	if okRetry && retry >= time.Second && retry < minRetry {
+		add(t.violation(RulePatroniRetry, PatroniRetryTimeout, retry,
+			"must be at least %s: Patroni's etcd3 client will not try for the leader key with less than 1 s of it left after refreshing its lease, so a replica would never take over", minRetry))
+	}
 	if okTTL && okLoop && okRetry && loop+2*retry > ttl {
 		add(t.violation(RulePatroniLoop, PatroniTTL, ttl,
 			"must be at least %s + 2 × %s (%s): a primary cut off from etcd must demote before its key expires",

@@ -357,41 +357,41 @@ func TestConverge(t *testing.T) {
 	t.Run("check-config", c.checkConfigs)
 	t.Run("systemd-analyze", c.verifyUnits)
 	t.Run("broken-peer-url", c.brokenPeerURL)
-	t.Run("rto-5s", c.rtoBudget)
+	t.Run("rto-6.5s", c.rtoBudget)
 	t.Run("rto-hand-set-refused", c.rtoRefused)
 }
 
-// rtoBudget applies site.yml with hapair_rto=5s: the rendered timers are
+// rtoBudget applies site.yml with hapair_rto=6.5s: the rendered timers are
 // the ones `hapairctl plan --rto 5s` derives (run on the controller), and
 // every binary accepts its file.
 func (c *converge) rtoBudget(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(c.tmp, "hapairctl")); err != nil {
 		t.Skip("hapairctl did not build: nothing derives the budget")
 	}
-	out, err := c.site("-e", "hapair_rto=5s")
+	out, err := c.site("-e", "hapair_rto=6.5s")
 	if err != nil {
-		t.Fatalf("site.yml with hapair_rto=5s: %v\n%s", err, out)
+		t.Fatalf("site.yml with hapair_rto=6.5s: %v\n%s", err, out)
 	}
 	r := readYAML(t, c.path("A", "etc/hapair/roled.yaml"))
 	p := r["patroni"].(map[string]any)
-	if r["lease-ttl"] != "2s" || r["safety-margin"] != "500ms" || p["poll-interval"] != "250ms" || p["ttl"] != "3s" {
-		t.Errorf("A: roled lease-ttl %v safety-margin %v patroni.poll-interval %v patroni.ttl %v, want 2s 500ms 250ms 3s",
+	if r["lease-ttl"] != "3s" || r["safety-margin"] != "600ms" || p["poll-interval"] != "250ms" || p["ttl"] != "5s" {
+		t.Errorf("A: roled lease-ttl %v safety-margin %v patroni.poll-interval %v patroni.ttl %v, want 3s 600ms 250ms 5s",
 			r["lease-ttl"], r["safety-margin"], p["poll-interval"], p["ttl"])
 	}
 	lbc := readYAML(t, c.path("lb1", "etc/hapair/lb.yaml"))
 	app := lbc["backends"].([]any)[0].(map[string]any)
 	chk := app["check"].(map[string]any)
-	if app["hold-timeout"] != "7s" || chk["interval"] != "250ms" || chk["timeout"] != "200ms" {
-		t.Errorf("lb1: hold-timeout %v check.interval %v check.timeout %v, want 7s 250ms 200ms", app["hold-timeout"], chk["interval"], chk["timeout"])
+	if app["hold-timeout"] != "9s" || chk["interval"] != "320ms" || chk["timeout"] != "250ms" {
+		t.Errorf("lb1: hold-timeout %v check.interval %v check.timeout %v, want 9s 320ms 250ms", app["hold-timeout"], chk["interval"], chk["timeout"])
 	}
 	w := readYAML(t, c.path("witness", "etc/hapair/witness.yaml"))
-	if w["heartbeat-interval"] != "40ms" || w["election-timeout"] != "400ms" {
-		t.Errorf("witness: heartbeat-interval %v election-timeout %v, want 40ms 400ms", w["heartbeat-interval"], w["election-timeout"])
+	if w["heartbeat-interval"] != "54ms" || w["election-timeout"] != "540ms" {
+		t.Errorf("witness: heartbeat-interval %v election-timeout %v, want 54ms 540ms", w["heartbeat-interval"], w["election-timeout"])
 	}
 	pc := readYAML(t, c.path("B", "etc/patroni/config.yml"))
 	dcs := pc["bootstrap"].(map[string]any)["dcs"].(map[string]any)
-	if dcs["ttl"] != 3 || dcs["loop_wait"] != 1 || dcs["retry_timeout"] != 1 {
-		t.Errorf("B: dcs timings %v/%v/%v, want 3/1/1", dcs["ttl"], dcs["loop_wait"], dcs["retry_timeout"])
+	if dcs["ttl"] != 5 || dcs["loop_wait"] != 1 || dcs["retry_timeout"] != 2 {
+		t.Errorf("B: dcs timings %v/%v/%v, want 5/1/2", dcs["ttl"], dcs["loop_wait"], dcs["retry_timeout"])
 	}
 	c.checkConfigs(t)
 }
@@ -405,9 +405,9 @@ func (c *converge) rtoRefused(t *testing.T) {
 	}
 	cfg := c.path("A", "etc/hapair/roled.yaml")
 	before := fileSum(t, cfg)
-	out, err := c.play("roled.yml", "-e", "hapair_rto=5s", "-e", `{"hapair_timings": {"roled": {"lease-ttl": "9s"}}}`)
+	out, err := c.play("roled.yml", "-e", "hapair_rto=6.5s", "-e", `{"hapair_timings": {"roled": {"lease-ttl": "9s"}}}`)
 	if err == nil {
-		t.Fatalf("roled.yml with a 9 s lease under a 5 s budget succeeded:\n%s", out)
+		t.Fatalf("roled.yml with a 9 s lease under a 6.5 s budget succeeded:\n%s", out)
 	}
 	if !strings.Contains(out, "Check the timers against the budget") || !strings.Contains(out, "roled.lease-ttl") {
 		t.Fatalf("the play did not stop at the budget check naming roled.lease-ttl:\n%s", out)
