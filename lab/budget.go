@@ -112,8 +112,7 @@ func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
 	if !served {
 		r.fail("no write served by nodeb within %s of the kill", bound)
 	}
-	if first, ok := rep.FirstOK[NodeB]; ok {
-		r.secs("kill at rto "+target.String()+": first write through lb", first)
+	if first, ok := rep.FirstOK[NodeB]; ok { // the figure itself: followFigures
 		l.logf("kill at rto %s: first write through the balancer %.2f s after the kill", target, first.Seconds())
 	}
 	followFigures(r, pr, rep, "kill at rto "+target.String(), NodeB, t0)
