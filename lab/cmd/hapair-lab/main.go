@@ -7,6 +7,8 @@
 //	hapair-lab demo                                  up, switchover A→B and back with probes, timings, down
 //	hapair-lab test [--run REGEX]                    the scenarios (each on a fresh lab)
 //	hapair-lab soak --minutes N                      random faults with the checkers running
+//	hapair-lab soak --rto 6.5s --loss 1% --delay 20ms±10ms --minutes 30
+//	                                                 no faults: loss, delay and CPU load; any role change fails
 //	hapair-lab switchover NODE [--tag T]                 planned switchover through the lab's client host
 //	hapair-lab node kill|start|cut|uncut|partition|heal|stop|cont HOST [--tag T]
 package main
@@ -146,6 +148,8 @@ func runLab(ctx context.Context, cmd string, args []string) error {
 	runRe := fs.String("run", "", "test: scenarios to run (regexp on the name)")
 	minutes := fs.Float64("minutes", 10, "soak: duration in minutes")
 	repeat := fs.Int("repeat", 1, "test: switchover and drill rounds per scenario (medians)")
+	loss := fs.String("loss", "", "soak: share of packets every host drops (1%): the no-false-failover soak")
+	delay := fs.String("delay", "", "soak: one-way delay ± jitter between members (20ms±10ms): the no-false-failover soak")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
@@ -177,6 +181,13 @@ func runLab(ctx context.Context, cmd string, args []string) error {
 	case "test":
 		return lab.RunScenarios(ctx, opt, *runRe, os.Stdout)
 	case "soak":
+		if *loss != "" || *delay != "" {
+			jo, err := lab.ParseJitter(*loss, *delay)
+			if err != nil {
+				return err
+			}
+			return lab.JitterSoak(ctx, opt, jo, time.Duration(*minutes*float64(time.Minute)), os.Stdout)
+		}
 		return lab.Soak(ctx, opt, time.Duration(*minutes*float64(time.Minute)), os.Stdout)
 	}
 	return errUsage
