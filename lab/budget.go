@@ -174,12 +174,12 @@ func (l *Lab) checkPatroniTTL(t budget.Timers) error {
 		RetryTimeout float64 `json:"retry_timeout"`
 	}
 	if err := l.getJSON(Client, fmt.Sprintf("http://%s:%d/config", IP(NodeA), PatroniPort), 2*time.Second, &cfg); err != nil {
-		return fmt.Errorf("Patroni's /config: %w", err)
+		return fmt.Errorf("reading Patroni's /config: %w", err)
 	}
 	got := []time.Duration{time.Duration(cfg.TTL * float64(time.Second)), time.Duration(cfg.LoopWait * float64(time.Second)),
 		time.Duration(cfg.RetryTimeout * float64(time.Second))}
 	if got[0] != t.PatroniTTL || got[1] != t.PatroniLoopWait || got[2] != t.PatroniRetryTimeout {
-		return fmt.Errorf("Patroni runs ttl/loop_wait/retry_timeout %v, the budget says %s/%s/%s", got,
+		return fmt.Errorf("ttl/loop_wait/retry_timeout in Patroni's /config are %v, the budget says %s/%s/%s", got,
 			t.PatroniTTL, t.PatroniLoopWait, t.PatroniRetryTimeout)
 	}
 	return nil
