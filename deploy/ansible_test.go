@@ -233,6 +233,7 @@ func newConverge(t *testing.T) *converge {
 		"HAPAIR_TEST_CERTS="+certs,
 		"HAPAIR_TEST_USER="+u.Username,
 		"HAPAIR_TEST_GROUP="+g.Name,
+		"HAPAIR_TEST_CTL="+filepath.Join(tmp, "hapairctl"),
 	)
 	return c
 }
@@ -262,7 +263,7 @@ func (c *converge) certs(dir string) {
 // ansible-playbook processes to use both cores (Ansible's per-task cost is
 // mostly CPU: about 1 s per module run on the CI machines); the output of
 // both is returned, recaps included.
-func (c *converge) site() (string, error) {
+func (c *converge) site(extra ...string) (string, error) {
 	c.t.Helper()
 	type result struct {
 		out string
@@ -272,7 +273,8 @@ func (c *converge) site() (string, error) {
 	res := make(chan result, len(limits))
 	for _, l := range limits {
 		go func() {
-			out, err := run(c.t, ansibleDir, c.env, 10*time.Minute, c.ap, "-i", testInv, "site.yml", "--limit", l)
+			args := append([]string{"-i", testInv, "site.yml", "--limit", l}, extra...)
+			out, err := run(c.t, ansibleDir, c.env, 10*time.Minute, c.ap, args...)
 			res <- result{out, err}
 		}()
 	}
@@ -355,6 +357,65 @@ func TestConverge(t *testing.T) {
 	t.Run("check-config", c.checkConfigs)
 	t.Run("systemd-analyze", c.verifyUnits)
 	t.Run("broken-peer-url", c.brokenPeerURL)
+	t.Run("rto-6.5s", c.rtoBudget)
+	t.Run("rto-hand-set-refused", c.rtoRefused)
+}
+
+// rtoBudget applies site.yml with hapair_rto=6.5s: the rendered timers are
+// the ones `hapairctl plan --rto 5s` derives (run on the controller), and
+// every binary accepts its file.
+func (c *converge) rtoBudget(t *testing.T) {
+	if _, err := os.Stat(filepath.Join(c.tmp, "hapairctl")); err != nil {
+		t.Skip("hapairctl did not build: nothing derives the budget")
+	}
+	out, err := c.site("-e", "hapair_rto=6.5s")
+	if err != nil {
+		t.Fatalf("site.yml with hapair_rto=6.5s: %v\n%s", err, out)
+	}
+	r := readYAML(t, c.path("A", "etc/hapair/roled.yaml"))
+	p := r["patroni"].(map[string]any)
+	if r["lease-ttl"] != "3s" || r["safety-margin"] != "600ms" || p["poll-interval"] != "250ms" || p["ttl"] != "5s" {
+		t.Errorf("A: roled lease-ttl %v safety-margin %v patroni.poll-interval %v patroni.ttl %v, want 3s 600ms 250ms 5s",
+			r["lease-ttl"], r["safety-margin"], p["poll-interval"], p["ttl"])
+	}
+	lbc := readYAML(t, c.path("lb1", "etc/hapair/lb.yaml"))
+	app := lbc["backends"].([]any)[0].(map[string]any)
+	chk := app["check"].(map[string]any)
+	if app["hold-timeout"] != "9s" || chk["interval"] != "320ms" || chk["timeout"] != "250ms" {
+		t.Errorf("lb1: hold-timeout %v check.interval %v check.timeout %v, want 9s 320ms 250ms", app["hold-timeout"], chk["interval"], chk["timeout"])
+	}
+	w := readYAML(t, c.path("witness", "etc/hapair/witness.yaml"))
+	if w["heartbeat-interval"] != "54ms" || w["election-timeout"] != "540ms" {
+		t.Errorf("witness: heartbeat-interval %v election-timeout %v, want 54ms 540ms", w["heartbeat-interval"], w["election-timeout"])
+	}
+	pc := readYAML(t, c.path("B", "etc/patroni/config.yml"))
+	dcs := pc["bootstrap"].(map[string]any)["dcs"].(map[string]any)
+	if dcs["ttl"] != 5 || dcs["loop_wait"] != 1 || dcs["retry_timeout"] != 2 {
+		t.Errorf("B: dcs timings %v/%v/%v, want 5/1/2", dcs["ttl"], dcs["loop_wait"], dcs["retry_timeout"])
+	}
+	c.checkConfigs(t)
+}
+
+// rtoRefused hand-sets a lease that Patroni's derived ttl cannot cover: the
+// play stops at the budget check, naming the field, before any config is
+// written.
+func (c *converge) rtoRefused(t *testing.T) {
+	if _, err := os.Stat(filepath.Join(c.tmp, "hapairctl")); err != nil {
+		t.Skip("hapairctl did not build: nothing checks the budget")
+	}
+	cfg := c.path("A", "etc/hapair/roled.yaml")
+	before := fileSum(t, cfg)
+	out, err := c.play("roled.yml", "-e", "hapair_rto=6.5s", "-e", `{"hapair_timings": {"roled": {"lease-ttl": "9s"}}}`)
+	if err == nil {
+		t.Fatalf("roled.yml with a 9 s lease under a 6.5 s budget succeeded:\n%s", out)
+	}
+	if !strings.Contains(out, "Check the timers against the budget") || !strings.Contains(out, "roled.lease-ttl") {
+		t.Fatalf("the play did not stop at the budget check naming roled.lease-ttl:\n%s", out)
+	}
+	if fileSum(t, cfg) != before {
+		t.Errorf("A: roled.yaml changed by the refused run")
+	}
+	t.Logf("refused as expected: %s", grepLine(out, "lease-ttl"))
 }
 
 // checkDiff changes one variable and runs lb.yml with --check --diff: the

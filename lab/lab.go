@@ -33,7 +33,10 @@ type Options struct {
 	Tag     string `json:"tag"`      // namespace prefix; random when empty
 	BinDir  string `json:"bin_dir"`  // hapair-* binaries; missing ones are left out
 	DCSMode string `json:"dcs_mode"` // DCSRemote (default) or DCSAll
-	Hold    string `json:"hold"`     // lb hold timeout ("5s"; "0s" disables)
+	Hold    string `json:"hold"`     // lb hold timeout ("5s"; "0s" disables; default 5s, or the budget's with RTO)
+	// RTO is a timing budget's target ("5s", package budget): every timer
+	// of the lab is derived from it. Empty: the lab's fixed timers.
+	RTO     string `json:"rto,omitempty"`
 	SelfExe string `json:"self_exe"` // the hapair-lab binary (app and fallback etcd)
 	Repeat  int    `json:"repeat"`   // switchover/drill rounds per scenario (medians), default 1
 	// VIP gives roled a vip section (VIPAddr on eth0): the service address
@@ -74,6 +77,15 @@ func NewLab(opt Options, out io.Writer) (*Lab, error) {
 	}
 	if opt.Repeat < 1 {
 		opt.Repeat = 1
+	}
+	if opt.RTO != "" {
+		hold, err := checkRTO(opt.RTO)
+		if err != nil {
+			return nil, err
+		}
+		if opt.Hold == "" {
+			opt.Hold = hold
+		}
 	}
 	if opt.Hold == "" {
 		opt.Hold = "5s"

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/hapair/hapair/budget"
 )
 
 func TestPatroniConfigModes(t *testing.T) {
@@ -23,7 +25,7 @@ func TestPatroniConfigModes(t *testing.T) {
 				BinDir string `yaml:"bin_dir"`
 			} `yaml:"postgresql"`
 		}
-		text := patroniConfig(NodeA, mode, "/d/pg", "/d/run")
+		text := patroniConfig(NodeA, mode, "/d/pg", "/d/run", budget.FileOf(0, labTimers()).Patroni)
 		if err := yaml.Unmarshal([]byte(text), &cfg); err != nil {
 			t.Fatalf("%s: %v\n%s", mode, err, text)
 		}
@@ -87,6 +89,15 @@ func TestLab(t *testing.T) {
 			continue
 		}
 		t.Run("dcs-"+mode, func(t *testing.T) { runLabGroup(ctx, t, opt, mode, todo) })
+	}
+	// Scenarios on a lab built with a timing budget, one lab per target.
+	for _, rs := range RTOScenarios {
+		if !rx.MatchString(rs.Scenario.Name) {
+			continue
+		}
+		o := opt
+		o.RTO, o.Hold = rs.RTO, ""
+		t.Run("rto-"+rs.RTO, func(t *testing.T) { runLabGroup(ctx, t, o, rs.Scenario.DCS, []Scenario{rs.Scenario}) })
 	}
 }
 

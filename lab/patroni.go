@@ -3,6 +3,8 @@ package lab
 import (
 	"fmt"
 	"strings"
+
+	"github.com/hapair/hapair/budget"
 )
 
 // DCS modes for Patroni's etcd3 section.
@@ -22,7 +24,8 @@ const Scope = "hapair"
 // patroniConfig renders the Patroni 3.0.2 YAML for data node host. Paths
 // follow LAB.md §8: pgpass and socket dir in a postgres-owned run dir, PGDATA
 // inside a postgres-owned parent, bin_dir set, locale C.UTF-8.
-func patroniConfig(host, mode, dataParent, runDir string) string {
+// dcs holds ttl, loop_wait and retry_timeout in seconds (the budget's).
+func patroniConfig(host, mode, dataParent, runDir string, dcs budget.PatroniFile) string {
 	var hosts []string
 	for _, h := range []string{NodeA, NodeB, Witness} {
 		if mode == DCSRemote && h == host {
@@ -50,9 +53,9 @@ etcd3:
 %[5]s  protocol: http
 bootstrap:
   dcs:
-    ttl: 10
-    loop_wait: 2
-    retry_timeout: 3
+    ttl: %[9]d
+    loop_wait: %[10]d
+    retry_timeout: %[11]d
     maximum_lag_on_failover: 1048576
     postgresql:
       use_pg_rewind: true
@@ -93,5 +96,5 @@ postgresql:
     unix_socket_directories: %[7]s
     password_encryption: scram-sha-256
 tags: {nofailover: false, noloadbalance: false, clonefrom: false, nosync: false}
-`, Scope, host, ip, strings.Join(hosts, "\n"), proxies, dataParent, runDir, Subnet)
+`, Scope, host, ip, strings.Join(hosts, "\n"), proxies, dataParent, runDir, Subnet, dcs.TTL, dcs.LoopWait, dcs.RetryTimeout)
 }

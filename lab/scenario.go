@@ -113,6 +113,31 @@ func RunScenarios(ctx context.Context, opt Options, re string, w io.Writer) erro
 			return err
 		}
 	}
+	for _, rs := range RTOScenarios {
+		if !rx.MatchString(rs.Scenario.Name) {
+			continue
+		}
+		if opt.Tag != "" {
+			l, err := Open(opt.Root, opt.Tag, w)
+			if err != nil {
+				return err
+			}
+			if l.Opt.RTO != rs.RTO {
+				continue // the lab was not built with this budget
+			}
+			r := RunOne(ctx, l, rs.Scenario)
+			PrintResult(w, r)
+			results = append(results, r)
+			continue
+		}
+		o := opt
+		o.DCSMode, o.Tag, o.RTO, o.Hold = rs.Scenario.DCS, "", rs.RTO, ""
+		res, err := runGroup(ctx, o, []Scenario{rs.Scenario}, w)
+		results = append(results, res...)
+		if err != nil {
+			return err
+		}
+	}
 	PrintResults(w, results)
 	for _, r := range results {
 		if !r.OK() {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hapair/hapair/budget"
 )
 
 // Process names, as used in pid and log file names.
@@ -75,7 +77,7 @@ func (l *Lab) startEtcd(host string) error {
 // startPatroni runs Patroni as postgres, with LAB.md §8's environment.
 func (l *Lab) startPatroni(host string) error {
 	cfgPath := l.path(host, "patroni.yml")
-	cfg := patroniConfig(host, l.Opt.DCSMode, l.path(host, "pg"), l.path(host, "pgrun"))
+	cfg := patroniConfig(host, l.Opt.DCSMode, l.path(host, "pg"), l.path(host, "pgrun"), budget.FileOf(0, l.timers()).Patroni)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err
 	}

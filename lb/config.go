@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hapair/hapair/budget"
 	"github.com/hapair/hapair/internal/config"
 )
 
@@ -190,6 +191,13 @@ func (c *Config) Validate() error {
 		b := &c.Backends[i]
 		if err := b.validate(fmt.Sprintf("backends[%d]", i), len(c.Etcd.Endpoints) > 0); err != nil {
 			return err
+		}
+		if b.Kind == KindActivePassive {
+			// The timing budget's relations (package budget), the same
+			// rules as hapairctl plan --check applies across every file.
+			if err := budget.Check(b.Timers(fmt.Sprintf("backends[%d]", i))); err != nil {
+				return err
+			}
 		}
 		if _, dup := names[b.Name]; dup {
 			return config.Errorf(fmt.Sprintf("backends[%d].name", i), b.Name, "duplicate backend name")
@@ -381,6 +389,21 @@ func (b *BackendConfig) validate(p string, haveEtcd bool) error {
 		seen[s.Name] = true
 	}
 	return nil
+}
+
+// Timers is this backend's part of the timing budget (after validate filled
+// the defaults), each field named by its path p.
+func (b BackendConfig) Timers(p string) budget.Timers {
+	t := budget.Timers{CheckInterval: b.Check.Interval, CheckTimeout: b.Check.Timeout,
+		CheckFall: b.Check.Fall, CheckRise: b.Check.Rise, FastPath: b.EtcdFastPath,
+		Names: map[budget.Key]string{}}
+	if b.HoldTimeout != nil {
+		t.HoldTimeout = *b.HoldTimeout
+	}
+	for _, k := range []budget.Key{budget.CheckInterval, budget.CheckTimeout, budget.CheckFall, budget.CheckRise, budget.HoldTimeout} {
+		t.Names[k] = p + "." + k.String()
+	}
+	return t
 }
 
 // ChecksEnabled reports whether active checks run for this backend.

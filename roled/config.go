@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hapair/hapair/budget"
 	"github.com/hapair/hapair/internal/config"
 	"github.com/hapair/hapair/syncdir"
 	"github.com/hapair/hapair/vip"
@@ -185,6 +186,11 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
+	// The timing budget's relations (package budget), the same rules as
+	// hapairctl plan --check applies across every file.
+	if err := budget.Check(c.Timers()); err != nil {
+		return err
+	}
 	if err := c.Etcd.Validate("etcd"); err != nil {
 		return err
 	}
@@ -356,6 +362,21 @@ func checkAddr(field, addr string, optional bool) error {
 		return config.Errorf(field, addr, "want host:port or :port")
 	}
 	return nil
+}
+
+// Timers is this file's part of the timing budget, named by roled.yaml's keys.
+func (c Config) Timers() budget.Timers {
+	t := budget.Timers{
+		PatroniTTL: c.Patroni.TTL, LeaseTTL: c.LeaseTTL, SafetyMargin: c.SafetyMargin,
+		KeepAliveInterval: c.KeepAliveInterval, RereadInterval: c.RereadInterval,
+		PollInterval: c.Patroni.PollInterval, FastPollInterval: c.Patroni.FastPollInterval,
+		PatroniTimeout: c.Patroni.Timeout, PostgresTimeout: c.Postgres.Timeout,
+		Names: map[budget.Key]string{budget.PatroniTTL: "patroni.ttl"},
+	}
+	if c.SyncEnabled() {
+		t.SyncRetryMin, t.SyncRetryMax = c.Sync.RetryMin, c.Sync.RetryMax
+	}
+	return t
 }
 
 // opTimeout bounds each etcd call: long enough for a loaded machine, short

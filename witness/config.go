@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hapair/hapair/budget"
 	"github.com/hapair/hapair/internal/config"
 )
 
@@ -102,8 +103,8 @@ type Config struct {
 
 	// HeartbeatInterval is raft's heartbeat (default 100ms).
 	HeartbeatInterval time.Duration `yaml:"heartbeat-interval"`
-	// ElectionTimeout is raft's election timeout, at least 5 heartbeats
-	// (default 1s).
+	// ElectionTimeout is raft's election timeout, at least 10 heartbeats
+	// (default 1s; package budget's rule).
 	ElectionTimeout time.Duration `yaml:"election-timeout"`
 	// CheckInterval is how often the member probes the other members' health
 	// (the members_healthy gauges) and, as a witness, checks whether it must
@@ -352,10 +353,16 @@ func (c *Config) validateTuning() error {
 	switch {
 	case hb < 10*time.Millisecond || hb%time.Millisecond != 0:
 		return config.Errorf("heartbeat-interval", hb, "must be a whole number of milliseconds, at least 10ms")
-	case el%time.Millisecond != 0 || el < 5*hb:
-		return config.Errorf("election-timeout", el, "must be whole milliseconds and at least 5 × heartbeat-interval (%s)", hb)
+	case el%time.Millisecond != 0:
+		return config.Errorf("election-timeout", el, "must be whole milliseconds")
 	case el > 50*time.Second:
 		return config.Errorf("election-timeout", el, "must be at most 50s")
+	}
+	// The timing budget's rule (package budget): election ≥ 10 heartbeats.
+	if err := budget.Check(budget.Timers{EtcdHeartbeat: hb, EtcdElection: el}); err != nil {
+		return err
+	}
+	switch {
 	case c.CheckInterval <= 0:
 		return config.Errorf("check-interval", c.CheckInterval, "must be positive")
 	case c.QuotaBackendBytes < 0:

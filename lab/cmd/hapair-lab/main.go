@@ -1,11 +1,14 @@
 // Command hapair-lab runs hapair's end-to-end lab: network namespaces as
 // hosts, real Patroni + PostgreSQL 15, the project's binaries, and scenarios.
 //
-//	hapair-lab up [--dcs remote|all] [--hold 5s]   bring a lab up, print status, leave it running
+//	hapair-lab up [--dcs remote|all] [--hold 5s] [--rto 5s]   bring a lab up, print status, leave it running
+//	                                                 (--rto: every timer derived from the target, as hapairctl plan)
 //	hapair-lab status|down [--tag T]                status table / tear down (all labs without --tag)
 //	hapair-lab demo                                  up, switchover A→B and back with probes, timings, down
 //	hapair-lab test [--run REGEX]                    the scenarios (each on a fresh lab)
 //	hapair-lab soak --minutes N                      random faults with the checkers running
+//	hapair-lab soak --rto 6.5s --loss 1% --delay 20ms±10ms --minutes 30
+//	                                                 no faults: loss, delay and CPU load; any role change fails
 //	hapair-lab switchover NODE [--tag T]                 planned switchover through the lab's client host
 //	hapair-lab node kill|start|cut|uncut|partition|heal|stop|cont HOST [--tag T]
 package main
@@ -48,8 +51,8 @@ func usage() {
 }
 
 type common struct {
-	root, tag, binDir, dcs, hold string
-	build                        bool
+	root, tag, binDir, dcs, hold, rto string
+	build                             bool
 }
 
 func flags(name string, c *common) *flag.FlagSet {
@@ -58,7 +61,8 @@ func flags(name string, c *common) *flag.FlagSet {
 	fs.StringVar(&c.tag, "tag", "", "lab tag (namespace prefix)")
 	fs.StringVar(&c.binDir, "bin-dir", "", "directory of hapair-* binaries (default: build them into <root>/bin)")
 	fs.StringVar(&c.dcs, "dcs", lab.DCSRemote, "Patroni etcd hosts: remote (DESIGN.md §3) or all (Patroni default)")
-	fs.StringVar(&c.hold, "hold", "5s", "lb hold timeout (0s disables)")
+	fs.StringVar(&c.hold, "hold", "", "lb hold timeout (default 5s, or the budget's with --rto; 0s disables)")
+	fs.StringVar(&c.rto, "rto", "", "timing budget: derive every timer from this target (e.g. 5s; see hapairctl plan)")
 	fs.BoolVar(&c.build, "build", true, "build the project's binaries first (when --bin-dir is not given)")
 	return fs
 }
@@ -145,10 +149,12 @@ func runLab(ctx context.Context, cmd string, args []string) error {
 	minutes := fs.Float64("minutes", 10, "soak: duration in minutes")
 	repeat := fs.Int("repeat", 1, "test: switchover and drill rounds per scenario (medians)")
 	vip := fs.Bool("vip", false, "roled holds the lab's VIP "+lab.VIPAddr+" on the ACTIVE node (scenario 10-vip-switchover)")
+	loss := fs.String("loss", "", "soak: share of packets every host drops (1%): the no-false-failover soak")
+	delay := fs.String("delay", "", "soak: one-way delay ± jitter between members (20ms±10ms): the no-false-failover soak")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
-	opt := lab.Options{Root: c.root, Tag: c.tag, BinDir: c.binDir, DCSMode: c.dcs, Hold: c.hold, Repeat: *repeat,
+	opt := lab.Options{Root: c.root, Tag: c.tag, BinDir: c.binDir, DCSMode: c.dcs, Hold: c.hold, RTO: c.rto, Repeat: *repeat,
 		Owned: cmd != "up", VIP: *vip}
 	if opt.BinDir == "" {
 		opt.BinDir = filepath.Join(c.root, "bin")
@@ -176,6 +182,13 @@ func runLab(ctx context.Context, cmd string, args []string) error {
 	case "test":
 		return lab.RunScenarios(ctx, opt, *runRe, os.Stdout)
 	case "soak":
+		if *loss != "" || *delay != "" {
+			jo, err := lab.ParseJitter(*loss, *delay)
+			if err != nil {
+				return err
+			}
+			return lab.JitterSoak(ctx, opt, jo, time.Duration(*minutes*float64(time.Minute)), os.Stdout)
+		}
 		return lab.Soak(ctx, opt, time.Duration(*minutes*float64(time.Minute)), os.Stdout)
 	}
 	return errUsage

@@ -1,0 +1,236 @@
+package budget
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hapair/hapair/internal/config"
+)
+
+const (
+	ms = time.Millisecond
+	s  = time.Second
+)
+
+// TestDerive: target → every derived timer. The 6.5 s row is worked by
+// hand in the README's timing section.
+func TestDerive(t *testing.T) {
+	type want struct {
+		ttl, loop, retry, hb, el, lease, margin, ka, poll, pto, ci, ct, hold, syncMax time.Duration
+	}
+	for _, tc := range []struct {
+		target time.Duration
+		want   want
+	}{
+		{6500 * ms, want{5 * s, 1 * s, 2 * s, 54 * ms, 540 * ms, 3 * s, 600 * ms, 800 * ms, 250 * ms, 1 * s, 320 * ms, 250 * ms, 9 * s, 3200 * ms}},
+		{6300 * ms, want{5 * s, 1 * s, 2 * s, 52 * ms, 520 * ms, 3 * s, 600 * ms, 800 * ms, 250 * ms, 1 * s, 310 * ms, 240 * ms, 9 * s, 3100 * ms}},
+		{10 * s, want{9 * s, 1 * s, 4 * s, 83 * ms, 830 * ms, 5 * s, 1 * s, 1 * s, 500 * ms, 1 * s, 500 * ms, 400 * ms, 14 * s, 5 * s}},
+		{30 * s, want{30 * s, 6 * s, 12 * s, 100 * ms, 1 * s, 5 * s, 1 * s, 1 * s, 500 * ms, 1 * s, 1 * s, 800 * ms, 36 * s, 10 * s}},
+	} {
+		t.Run(tc.target.String(), func(t *testing.T) {
+			p, err := Derive(tc.target)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := p.Timers
+			got := want{x.PatroniTTL, x.PatroniLoopWait, x.PatroniRetryTimeout, x.EtcdHeartbeat, x.EtcdElection,
+				x.LeaseTTL, x.SafetyMargin, x.KeepAliveInterval, x.PollInterval, x.PatroniTimeout,
+				x.CheckInterval, x.CheckTimeout, x.HoldTimeout, x.SyncRetryMax}
+			if got != tc.want {
+				t.Errorf("Derive(%s):\n got %+v\nwant %+v", tc.target, got, tc.want)
+			}
+			if x.CheckFall != 2 || x.CheckRise != 2 || !x.FastPath {
+				t.Errorf("fall/rise/fast path %d/%d/%v, want 2/2/true", x.CheckFall, x.CheckRise, x.FastPath)
+			}
+			if err := Check(x); err != nil {
+				t.Errorf("derived timers break a rule: %v", err)
+			}
+			limit := time.Duration(float64(tc.target) * WorstFactor)
+			for _, o := range p.Outages {
+				if o.Typical > tc.target || o.Worst > limit {
+					t.Errorf("%s: typical %s worst %s, target %s (worst ≤ %s)", o.Fault, o.Typical, o.Worst, tc.target, limit)
+				}
+				var sum time.Duration
+				for _, st := range o.Steps {
+					sum += st.Worst
+					if st.Typical > st.Worst {
+						t.Errorf("%s %s: typical %s above worst %s", o.Fault, st.Stage, st.Typical, st.Worst)
+					}
+				}
+				if sum != o.Worst {
+					t.Errorf("%s: steps add to %s, total says %s", o.Fault, sum, o.Worst)
+				}
+			}
+		})
+	}
+}
+
+// TestDeriveLowest checks the hand-worked arithmetic of a kill at 6.5 s and
+// the lowest target accepted.
+func TestDeriveLowest(t *testing.T) {
+	if got := Lowest(); got != 6300*ms {
+		t.Errorf("Lowest() = %s, want 6.3s", got)
+	}
+	p, err := Derive(6500 * ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill := p.Outages[0]
+	if kill.Fault != FaultKill {
+		t.Fatalf("first outage %s, want the kill", kill.Fault)
+	}
+	// detection 5 − 0.5 + 0.25; decision 0.1; promotion 0.5 + 0.025 + 0.1; routing 0.02
+	if kill.Typical != 5495*ms {
+		t.Errorf("kill typical %s, want 5.495s", kill.Typical)
+	}
+	// detection 5 + 0.5 + 3 × 0.54; decision 0.3; promotion 1 + 0.05 + 0.1; routing 0.02 + 0.25
+	if kill.Worst != 8840*ms {
+		t.Errorf("kill worst %s, want 8.84s", kill.Worst)
+	}
+	if b := p.Binding(); b.Fault != FaultPartition {
+		t.Errorf("binding fault %s, want the partition (its checks route when the fast path is cut)", b.Fault)
+	}
+}
+
+func TestDeriveRefused(t *testing.T) {
+	for _, tc := range []struct {
+		target time.Duration
+		reason Reason
+	}{
+		{0, ReasonNotPositive},
+		{-time.Second, ReasonNotPositive},
+		{time.Second, ReasonTooFast},
+		{4500 * ms, ReasonTooFast},
+		{5 * s, ReasonTooFast},
+		{6200 * ms, ReasonTooFast},
+		{11 * time.Minute, ReasonTooSlow},
+	} {
+		_, err := Derive(tc.target)
+		var re *RefusedError
+		if !errors.As(err, &re) || re.Reason != tc.reason {
+			t.Errorf("Derive(%s) = %v, want refusal %s", tc.target, err, tc.reason)
+			continue
+		}
+		if tc.reason == ReasonTooFast && (re.Closest == nil || re.Closest.Timers.PatroniTTL != minTTL ||
+			!strings.Contains(err.Error(), "ttl 5s")) {
+			t.Errorf("Derive(%s): refusal does not show the fastest safe plan: %v", tc.target, err)
+		}
+	}
+}
+
+// TestDefaultsArithmetic: today's shipped timers explain the lab's kill
+// figures (9.1 s on a quiet machine, 10–16 s loaded).
+func TestDefaultsArithmetic(t *testing.T) {
+	kill := Arithmetic(Defaults())[0]
+	if kill.Typical < 9*s || kill.Typical > 11*s || kill.Worst < 14*s || kill.Worst > 17*s {
+		t.Errorf("defaults: kill typical %s worst %s, want about 10 s / 15 s", kill.Typical, kill.Worst)
+	}
+	if err := Check(Defaults()); err != nil {
+		t.Errorf("defaults break a rule: %v", err)
+	}
+}
+
+// TestCheck: hand-set combinations → the broken rule and the field named.
+func TestCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		set   func(*Timers)
+		rule  Rule
+		field string
+	}{
+		{"ttl not whole seconds", func(x *Timers) { x.PatroniTTL = 3500 * ms }, RulePatroniSeconds, "ttl"},
+		{"retry_timeout below 2 s", func(x *Timers) { x.PatroniRetryTimeout = 1 * s }, RulePatroniRetry, "retry_timeout"},
+		{"loop_wait + 2 × retry above ttl", func(x *Timers) { x.PatroniRetryTimeout = 5 * s }, RulePatroniLoop, "ttl"},
+		{"lease longer than ttl", func(x *Timers) { x.LeaseTTL = 12 * s; x.SafetyMargin = 2 * s; x.KeepAliveInterval = 2 * s },
+			RuleLeaseBelowTTL, "lease-ttl"},
+		{"lease − margin reaches ttl − loop_wait", func(x *Timers) { x.LeaseTTL = 9 * s }, RuleLeaseBelowTTL, "lease-ttl"},
+		{"lease not below ttl, loop_wait unknown", func(x *Timers) { x.PatroniLoopWait = 0; x.PatroniRetryTimeout = 0; x.LeaseTTL = 10 * s },
+			RuleLeaseBelowTTL, "lease-ttl"},
+		{"keepalive too slow", func(x *Timers) { x.KeepAliveInterval = 3 * s }, RuleKeepAlive, "keepalive-interval"},
+		{"patroni timeout outlasts the deadline", func(x *Timers) { x.PatroniTimeout = 4 * s }, RuleRoledCalls, "patroni.timeout"},
+		{"postgres timeout outlasts the deadline", func(x *Timers) { x.PostgresTimeout = 5 * s }, RuleRoledCalls, "postgres.timeout"},
+		{"frozen Patroni noticed too late", func(x *Timers) {
+			x.PatroniTTL, x.PatroniLoopWait, x.PatroniRetryTimeout = 5*s, 1*s, 2*s
+			x.LeaseTTL, x.SafetyMargin, x.KeepAliveInterval, x.EtcdElection, x.EtcdHeartbeat = 2*s, 500*ms, 500*ms, 400*ms, 40*ms
+			x.PatroniTimeout, x.PostgresTimeout, x.PollInterval, x.CheckInterval = 700*ms, 700*ms, 3500*ms, 250*ms
+		}, RuleFrozenPatroni, "patroni.poll-interval"},
+		{"election below 10 heartbeats", func(x *Timers) { x.EtcdElection = 500 * ms }, RuleEtcdElection, "election-timeout"},
+		{"election outlasts retry_timeout", func(x *Timers) { x.EtcdElection = 1500 * ms }, RuleElectionVsRetry, "election-timeout"},
+		{"check timeout not below interval", func(x *Timers) { x.CheckTimeout = x.CheckInterval }, RuleCheckTimeout, "check.timeout"},
+		{"check interval × fall above hold-timeout", func(x *Timers) { x.CheckFall = 6 }, RuleCheckVsHold, "check.interval"},
+		{"check interval × fall above ttl − loop_wait", func(x *Timers) { x.HoldTimeout = 0; x.CheckFall = 9 }, RuleCheckVsTTL, "check.interval"},
+		{"sync retry-min above retry-max", func(x *Timers) { x.SyncRetryMin = 20 * s }, RuleSyncRetry, "sync.retry-max"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := Defaults()
+			tc.set(&x)
+			err := Check(x)
+			var v *Violation
+			if !errors.As(err, &v) {
+				t.Fatalf("Check = %v, want a violation of %s", err, tc.rule)
+			}
+			if v.Rule != tc.rule || v.Err.Field != tc.field {
+				t.Errorf("Check = %v (rule %s, field %q), want rule %s naming %q", err, v.Rule, v.Err.Field, tc.rule, tc.field)
+			}
+			if !config.IsConfigError(err) {
+				t.Errorf("%v is not a configuration error (binaries would not exit 2)", err)
+			}
+		})
+	}
+}
+
+// TestCheckPartial: a binary checks only what its own file sets.
+func TestCheckPartial(t *testing.T) {
+	lb := Timers{CheckInterval: time.Second, CheckTimeout: 500 * ms, CheckFall: 6, HoldTimeout: 5 * s,
+		Names: map[Key]string{CheckInterval: "backends[1].check.interval"}}
+	err := Check(lb)
+	var v *Violation
+	if !errors.As(err, &v) || v.Rule != RuleCheckVsHold || v.Err.Field != "backends[1].check.interval" {
+		t.Errorf("lb-only check = %v, want check-within-hold naming backends[1].check.interval", err)
+	}
+	if err := Check(Timers{LeaseTTL: 20 * s}); err != nil {
+		t.Errorf("a lease alone breaks nothing: %v", err)
+	}
+	lb.HoldTimeout = 0 // hold disabled: no hold to outlast
+	if err := Check(lb); err != nil {
+		t.Errorf("hold disabled: %v", err)
+	}
+}
+
+// TestFileRoundTrip: plan --json's output reads back to the same timers,
+// and a hand-edited file's error names its section.
+func TestFileRoundTrip(t *testing.T) {
+	p, err := Derive(6500 * ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(p.File())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f File
+	if err := json.Unmarshal(b, &f); err != nil {
+		t.Fatal(err)
+	}
+	back, err := f.Timers("plan.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	back.Names = nil
+	if !reflect.DeepEqual(back, p.Timers) {
+		t.Errorf("round trip:\n got %+v\nwant %+v", back, p.Timers)
+	}
+	f.Roled.LeaseTTL = Duration(5 * s)
+	x, _ := f.Timers("plan.json")
+	var v *Violation
+	if err := Check(x); !errors.As(err, &v) || v.Err.Field != "plan.json: roled.lease-ttl" {
+		t.Errorf("edited lease: %v, want an error naming plan.json: roled.lease-ttl", err)
+	}
+	if !strings.Contains(string(b), `"ttl":5`) || !strings.Contains(string(b), `"lease-ttl":"3s"`) {
+		t.Errorf("json lacks Patroni's ttl in seconds or roled's lease: %s", b)
+	}
+}

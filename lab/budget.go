@@ -1,0 +1,186 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/hapair/hapair/budget"
+	"github.com/hapair/hapair/ctl"
+)
+
+// labTimers are the lab's timers without a budget: Patroni 10/2/3, roled's
+// defaults, the balancer's checks at 250 ms (faster than the shipped 1 s).
+func labTimers() budget.Timers {
+	t := budget.Defaults()
+	t.CheckInterval, t.CheckTimeout = 250*time.Millisecond, 200*time.Millisecond
+	return t
+}
+
+// timers are the lab's timers: derived from Opt.RTO when it is set
+// (hapair-lab up --rto 5s), else labTimers. NewLab has checked the target.
+func (l *Lab) timers() budget.Timers {
+	if l.Opt.RTO == "" {
+		return labTimers()
+	}
+	d, _ := time.ParseDuration(l.Opt.RTO)
+	p, err := budget.Derive(d)
+	if err != nil {
+		return labTimers()
+	}
+	return p.Timers
+}
+
+// checkRTO validates Options.RTO and returns the hold the budget asks for.
+func checkRTO(rto string) (hold string, err error) {
+	d, err := time.ParseDuration(rto)
+	if err != nil {
+		return "", fmt.Errorf("rto %q: %w", rto, err)
+	}
+	p, err := budget.Derive(d)
+	if err != nil {
+		return "", err
+	}
+	return p.Timers.HoldTimeout.String(), nil
+}
+
+// RTOScenario is a scenario that runs on a lab built with a timing budget
+// (its own lab: the timers are set when the lab comes up).
+type RTOScenario struct {
+	RTO      string
+	Scenario Scenario
+}
+
+// RTOScenarios run after Scenarios, one lab per target.
+// 6.5 s is about the lowest target the budget accepts (budget.Lowest, 6.3 s):
+// 5 s is refused, Patroni 3.0.2 cannot take the leader key with a
+// retry_timeout of 1 s, so ttl cannot go under 5 s.
+var RTOScenarios = []RTOScenario{
+	{"6.5s", Scenario{"10-kill-at-rto-6.5s", DCSRemote, KillAtRTO}},
+}
+
+// KillAtRTO (10): kill -9 of everything on the primary's node of a lab
+// built with --rto: the first write through the balancer after the kill,
+// the failed writes, the time to redundancy once the node is back, and the
+// checks of every scenario (no dual ACTIVE, no acknowledged write lost
+// beyond what an asynchronous kill may cost). The timing bound is far
+// outside the goal (median ≤ target, max ≤ 1.2 × target on a quiet
+// machine): it only catches a budget that did not apply at all.
+func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
+	if !needParts(l, r, BinLB, BinRoled) {
+		return
+	}
+	target, err := time.ParseDuration(l.Opt.RTO)
+	if err != nil {
+		r.fail("lab has no rto (%q): %v", l.Opt.RTO, err)
+		return
+	}
+	p, _ := budget.Derive(target)
+	kill := p.Outages[0]
+	r.note("budget for rto %s: Patroni ttl %s loop_wait %s retry_timeout %s, etcd election %s, lease %s, checks %s×%d, hold %s; kill arithmetic typical %s, worst %s",
+		target, p.Timers.PatroniTTL, p.Timers.PatroniLoopWait, p.Timers.PatroniRetryTimeout, p.Timers.EtcdElection,
+		p.Timers.LeaseTTL, p.Timers.CheckInterval, p.Timers.CheckFall, p.Timers.HoldTimeout, kill.Typical, kill.Worst)
+	if err := l.checkPatroniTTL(p.Timers); err != nil {
+		r.fail("%v", err)
+		return
+	}
+	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
+	pr.dualBefore, _ = l.lbDualActive("app")
+	// A few writes served by nodea before the fault.
+	if !poll(ctx, 10*time.Second, 20*time.Millisecond, func() bool { return countOK(pr.probe.Samples(), NodeA) >= 5 }) {
+		stop()
+		r.fail("no writes through the balancer before the kill")
+		return
+	}
+	t0 := time.Now()
+	if err := l.KillNode(NodeA); err != nil {
+		stop()
+		r.fail("kill: %v", err)
+		return
+	}
+	// 12 × the target: far outside the goal, never a flaky bound.
+	bound := 12 * target
+	served := poll(ctx, bound, 20*time.Millisecond, func() bool {
+		_, ok := ctl.Analyze(pr.probe.Samples(), t0).FirstOK[NodeB]
+		return ok
+	})
+	time.Sleep(time.Second) // a second of writes on the survivor, for the report
+	stop()
+	rep := ctl.Analyze(pr.probe.Samples(), t0)
+	r.note("kill at rto %s: %s", target, rep)
+	if !served {
+		r.fail("no write served by nodeb within %s of the kill", bound)
+	}
+	if first, ok := rep.FirstOK[NodeB]; ok { // the figure itself: followFigures
+		l.logf("kill at rto %s: first write through the balancer %.2f s after the kill", target, first.Seconds())
+	}
+	followFigures(r, pr, rep, "kill at rto "+target.String(), NodeB, t0)
+	r.fig("kill at rto "+target.String()+": failed writes", float64(rep.Failed), "")
+	if dual, rounds := pr.ha.Dual(); dual > 0 {
+		r.fail("checker saw two ACTIVE nodes in %d of %d rounds", dual, rounds)
+	}
+	if v, err := l.lbDualActive("app"); err == nil && v > pr.dualBefore {
+		r.fail("hapair_lb_dual_active_total{backend=app} rose by %v", v-pr.dualBefore)
+	}
+	// Bring nodea back: it must rejoin as a replica and be ready again.
+	t1 := time.Now()
+	if err := l.StartNode(NodeA); err != nil {
+		r.fail("start nodea: %v", err)
+		return
+	}
+	if err := l.Ctl().WaitStandbyReady(ctx, NodeA, io.Discard); err != nil {
+		r.fail("nodea not ready as a standby after its restart: %v", err)
+	} else {
+		r.secs("kill at rto "+target.String()+": time to redundancy (restart → standby ready)", time.Since(t1))
+	}
+	if err := l.WaitSettled(ctx, NodeB, 90*time.Second); err != nil {
+		r.fail("not settled after the kill: %v", err)
+		return
+	}
+	a, err := l.AuditSettled(ctx, NodeB, pr.probe.Samples(), 30*time.Second)
+	if err != nil {
+		r.fail("audit could not run: %v", err)
+		return
+	}
+	r.note("audit: %s", a)
+	r.fig("kill at rto "+target.String()+": acknowledged rows lost", float64(len(a.LostRows)), "")
+	// Asynchronous replication may lose the last few ms of writes on a kill.
+	if len(a.LostRows) > 3 {
+		r.fail("%d acknowledged rows lost on one kill", len(a.LostRows))
+	}
+	if len(a.LostFiles) > 0 || len(a.Overwritten) > 0 {
+		r.fail("%d acknowledged files silently lost, %d overwritten", len(a.LostFiles), len(a.Overwritten))
+	}
+}
+
+func countOK(ss []ctl.Sample, node string) int {
+	n := 0
+	for _, s := range ss {
+		if s.OK && s.Node == node {
+			n++
+		}
+	}
+	return n
+}
+
+// checkPatroniTTL reads Patroni's dynamic configuration (GET /config on the
+// primary) and compares it with the budget: the timers the scenario
+// measures must be the ones in force.
+func (l *Lab) checkPatroniTTL(t budget.Timers) error {
+	var cfg struct {
+		TTL          float64 `json:"ttl"`
+		LoopWait     float64 `json:"loop_wait"`
+		RetryTimeout float64 `json:"retry_timeout"`
+	}
+	if err := l.getJSON(Client, fmt.Sprintf("http://%s:%d/config", IP(NodeA), PatroniPort), 2*time.Second, &cfg); err != nil {
+		return fmt.Errorf("reading Patroni's /config: %w", err)
+	}
+	got := []time.Duration{time.Duration(cfg.TTL * float64(time.Second)), time.Duration(cfg.LoopWait * float64(time.Second)),
+		time.Duration(cfg.RetryTimeout * float64(time.Second))}
+	if got[0] != t.PatroniTTL || got[1] != t.PatroniLoopWait || got[2] != t.PatroniRetryTimeout {
+		return fmt.Errorf("ttl/loop_wait/retry_timeout in Patroni's /config are %v, the budget says %s/%s/%s", got,
+			t.PatroniTTL, t.PatroniLoopWait, t.PatroniRetryTimeout)
+	}
+	return nil
+}
