@@ -67,6 +67,7 @@ var Scenarios = []Scenario{
 	{"7-frozen-patroni", DCSRemote, FrozenPatroni},
 	{"8-lb-partitioned", DCSRemote, LBPartitioned},
 	{"9-drills-back-to-back", DCSRemote, DrillsBackToBack},
+	{"10-primary-dies-during-rewind", DCSRemote, PrimaryDiesDuringRewind},
 	{"6-partition-default-hosts", DCSAll, PartitionDefaultHosts},
 }
 

@@ -26,6 +26,9 @@ type Status struct {
 	Etcd     EtcdSummary     `json:"etcd"`
 	Takeover []TakeoverAlarm `json:"takeover_alarms"`
 	Sync     any             `json:"sync,omitempty"`
+	// Readiness: could this node take over now (readiness.go)?
+	Readiness   Readiness    `json:"readiness"`
+	StuckLeader *StuckLeader `json:"stuck_leader,omitempty"`
 }
 
 // PatroniSummary is the local Patroni as last seen.
@@ -105,6 +108,7 @@ func (d *Daemon) Status() Status {
 	if d.sync.Status != nil {
 		st.Sync = d.sync.Status()
 	}
+	st.Readiness, st.StuckLeader = d.readiness()
 	return st
 }
 
@@ -193,6 +197,9 @@ type heartbeat struct {
 	Sync     any            `json:"sync,omitempty"`
 	Takeover bool           `json:"takeover_alarm"`
 	Updated  time.Time      `json:"updated"`
+
+	Readiness   Readiness    `json:"readiness"`
+	StuckLeader *StuckLeader `json:"stuck_leader,omitempty"`
 }
 
 // heartbeatLoop writes nodes/<node> on the lease every heartbeat-interval and
@@ -215,7 +222,8 @@ func (d *Daemon) heartbeatLoop(ctx context.Context) error {
 		st := d.Status()
 		b, _ := json.Marshal(heartbeat{Node: st.Node, Role: st.Role, Epoch: st.Epoch, Since: st.Since,
 			Reason: st.Reason, Patroni: st.Patroni, Sync: st.Sync,
-			Takeover: d.etcdView.Load().takeoverBlocks(d.cfg.member()), Updated: time.Now().UTC()})
+			Takeover: d.etcdView.Load().takeoverBlocks(d.cfg.member()), Updated: time.Now().UTC(),
+			Readiness: st.Readiness, StuckLeader: st.StuckLeader})
 		tctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, err := d.cli.Put(tctx, d.nodeKey(), string(b), clientv3.WithLease(clientv3.LeaseID(l.id)))
 		cancel()
