@@ -150,9 +150,8 @@ func (c Config) validateReadiness() error {
 		return config.Errorf("readiness.max-lag", r.MaxLag, "must be positive")
 	case r.MaxSyncLag <= 0:
 		return config.Errorf("readiness.max-sync-lag", r.MaxSyncLag, "must be positive")
-	case r.StuckLeaderAfter < c.Patroni.PollInterval:
-		return config.Errorf("readiness.stuck-leader-after", r.StuckLeaderAfter,
-			"must be at least patroni.poll-interval (%s)", c.Patroni.PollInterval)
+	case r.StuckLeaderAfter <= 0:
+		return config.Errorf("readiness.stuck-leader-after", r.StuckLeaderAfter, "must be positive")
 	}
 	return nil
 }
