@@ -132,6 +132,7 @@ func PrimaryDiesDuringRewind(ctx context.Context, l *Lab, r *Result) {
 		return
 	}
 	r.secs("nodeb started → settled again (no operator command)", time.Since(t3))
+	r.note("nodea's Patroni from its restart on (decisions only):\n%s", patroniDecisions(l.logFrom(NodeA, ProcPatroni, logOff)))
 	r.note("primary after recovery: %s", leader)
 	time.Sleep(time.Second) // writes on the recovered pair
 	stop()
@@ -211,4 +212,23 @@ func (l *Lab) logFrom(host, proc string, off int64) string {
 	}
 	b, _ := io.ReadAll(io.LimitReader(f, 1<<20))
 	return string(b)
+}
+
+// patroniDecisions keeps the lines of a Patroni log that say what it
+// decided (rewind, leader race, promotion, lag), not its routine loop.
+func patroniDecisions(log string) string {
+	var out []string
+	for _, line := range strings.Split(log, "\n") {
+		low := strings.ToLower(line)
+		for _, k := range []string{"rewind", "promot", "leader lock", "healthiest", "lag", "failover", "timeline", "acquired", "demot"} {
+			if strings.Contains(low, k) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	if len(out) > 60 {
+		out = out[len(out)-60:]
+	}
+	return strings.Join(out, "\n")
 }
