@@ -134,6 +134,20 @@ func PrimaryDiesDuringRewind(ctx context.Context, l *Lab, r *Result) {
 	r.secs("nodeb started → settled again (no operator command)", time.Since(t3))
 	r.note("nodea's Patroni from its restart on (decisions only):\n%s", patroniDecisions(l.logFrom(NodeA, ProcPatroni, logOff)))
 	r.note("primary after recovery: %s", leader)
+	// Recovered means redundant again: the other node's roled says it is
+	// ready to take over (streaming from the leader's host on its timeline).
+	standby, _ := c.Cfg.Node(Other(leader))
+	var srd roled.Readiness
+	if poll(ctx, 90*time.Second, 250*time.Millisecond, func() bool {
+		if rn := c.Roled(ctx, standby); rn.Error == "" && rn.Readiness != nil {
+			srd = *rn.Readiness
+		}
+		return srd.Ready
+	}) {
+		r.secs("nodeb started → redundant again ("+standby.Name+" ready by its roled)", time.Since(t3))
+	} else {
+		r.fail("%s not ready to take over within 90s after settling: %s", standby.Name, srd.Text())
+	}
 	time.Sleep(time.Second) // writes on the recovered pair
 	stop()
 	stopped = true
