@@ -20,6 +20,7 @@ import (
 
 	"github.com/hapair/hapair/internal/config"
 	"github.com/hapair/hapair/internal/etcdtest"
+	"github.com/hapair/hapair/roled"
 )
 
 func TestAnalyzeDowntime(t *testing.T) {
@@ -159,8 +160,12 @@ func TestCertsMutualTLS(t *testing.T) {
 type fakeCluster struct {
 	leader atomic.Value // string
 	noRepl atomic.Bool  // the leader has no walsender: the standby is not ready
-	kv     *clientv3.Client
-	key    string
+	// What the PASSIVE roled publishes as its own readiness (nil: none, as
+	// an older roled), and a stuck leader the leader's roled publishes.
+	readiness atomic.Pointer[roled.Readiness]
+	stuck     atomic.Pointer[roled.StuckLeader]
+	kv        *clientv3.Client
+	key       string
 }
 
 func (f *fakeCluster) patroni(w http.ResponseWriter, r *http.Request) {
@@ -208,7 +213,15 @@ func (f *fakeCluster) roled(node string) http.HandlerFunc {
 		if f.leader.Load().(string) == node {
 			role, epoch = "active", 7
 		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"node": node, "role": role, "epoch": epoch})
+		doc := map[string]any{"node": node, "role": role, "epoch": epoch}
+		if r := f.readiness.Load(); r != nil && role == "passive" {
+			doc["readiness"] = r
+		}
+		if s := f.stuck.Load(); s != nil && s.Node == node {
+			doc["stuck_leader"] = s
+			doc["role"], doc["epoch"] = "passive", 0
+		}
+		_ = json.NewEncoder(w).Encode(doc)
 	}
 }
 
@@ -356,5 +369,76 @@ func TestStatusRedundancyAndDeadMember(t *testing.T) {
 	}
 	if st.Redundancy.Level != Degraded || !strings.Contains(st.Redundancy.Line(), "etcd member") {
 		t.Errorf("one member paused: %+v", st.Redundancy)
+	}
+}
+
+// hapairctl prefers the readiness roled computes on the standby (it sees
+// the replica's own pg_stat_wal_receiver) over its reading of Patroni, which
+// lists a diverged replica as running; it names a stuck leader with its
+// remedy.
+func TestStatusPrefersRoledReadiness(t *testing.T) {
+	f := &fakeCluster{}
+	f.leader.Store("a")
+	pat := httptest.NewServer(http.HandlerFunc(f.patroni))
+	defer pat.Close()
+	ra, rb := httptest.NewServer(f.roled("a")), httptest.NewServer(f.roled("b"))
+	defer ra.Close()
+	defer rb.Close()
+	lb := httptest.NewServer(http.HandlerFunc(f.lb))
+	defer lb.Close()
+	cfg := DefaultConfig()
+	cfg.Etcd.Endpoints = []string{"127.0.0.1:1"} // etcd plays no part here
+	cfg.Timeout = 200 * time.Millisecond
+	cfg.Nodes = []Node{{Name: "a", PatroniURL: pat.URL, RoledURL: ra.URL}, {Name: "b", PatroniURL: pat.URL, RoledURL: rb.URL}}
+	cfg.LB.AdminURL = lb.URL
+	c := NewClient(cfg, nil, nil)
+	ctx := context.Background()
+
+	// Patroni and the leader's walsender say b streams; b's roled knows better.
+	f.readiness.Store(&roled.Readiness{Reason: roled.StandbyNotStreaming, Detail: "no WAL receiver",
+		Since: time.Now().Add(-2 * time.Second)})
+	st := c.Status(ctx)
+	line := st.Redundancy.Line()
+	if !strings.Contains(line, "b: not streaming from the leader (no WAL receiver), for 2.") {
+		t.Errorf("headline %q", line)
+	}
+	if reason, detail := c.StandbyReadiness(ctx, cfg.Nodes[1]); reason != StandbyRoled || detail != "not streaming from the leader (no WAL receiver)" {
+		t.Errorf("StandbyReadiness = %v %q", reason, detail)
+	}
+	var buf bytes.Buffer
+	_ = st.WriteTable(&buf)
+	if !strings.Contains(buf.String(), "no: not streaming from the leader (no WAL receiver)") {
+		t.Errorf("roled table lacks the standby's reason:\n%s", buf.String())
+	}
+
+	f.readiness.Store(&roled.Readiness{Ready: true, Reason: roled.StandbyReady, LagBytes: 2048})
+	if reason, _ := c.StandbyReadiness(ctx, cfg.Nodes[1]); reason != StandbyReady {
+		t.Errorf("ready roled: %v", reason)
+	}
+	buf.Reset()
+	_ = c.Status(ctx).WriteTable(&buf)
+	if !strings.Contains(buf.String(), "yes (lag 2.0 KiB, 0.0 s)") {
+		t.Errorf("roled table lacks the ready standby:\n%s", buf.String())
+	}
+	// A roled that cannot check (postgres.enabled false): Patroni's view.
+	f.readiness.Store(&roled.Readiness{Reason: roled.StandbyUnchecked})
+	f.noRepl.Store(true)
+	if reason, _ := c.StandbyReadiness(ctx, cfg.Nodes[1]); reason != StandbyNotStreaming {
+		t.Errorf("fallback: %v", reason)
+	}
+	f.noRepl.Store(false)
+
+	// Patroni on a holds the leader key, its PostgreSQL waits for WAL.
+	f.stuck.Store(&roled.StuckLeader{Node: "a", Member: "a", Cause: roled.CauseWaitingForWAL, Seconds: 42,
+		Remedy: "restart Patroni on a"})
+	st = c.Status(ctx)
+	if st.Redundancy.Level != NotServing || !strings.Contains(st.Redundancy.Line(),
+		"a: Patroni holds the leader key but PostgreSQL has not accepted writes for 42 s (in standby mode, waiting for WAL)") {
+		t.Errorf("stuck leader: %v %q", st.Redundancy.Level, st.Redundancy.Line())
+	}
+	buf.Reset()
+	_ = st.WriteTable(&buf)
+	if !strings.Contains(buf.String(), "STUCK LEADER a: Patroni holds") || !strings.Contains(buf.String(), "remedy: restart Patroni on a") {
+		t.Errorf("table lacks the stuck leader and its remedy:\n%s", buf.String())
 	}
 }

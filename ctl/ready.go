@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/hapair/hapair/roled"
 )
 
 // StandbyReason says why a node is not ready to take over; StandbyReady when
@@ -23,6 +25,9 @@ const (
 	StandbyNotStreaming               // the leader has no streaming walsender for it
 	StandbyLagging                    // replay lag above the bound
 	StandbyNotPassive                 // roled on it is not PASSIVE
+	// StandbyRoled: roled on the standby computed its own readiness
+	// (roled/readiness.go) and says not ready; the detail is its reason.
+	StandbyRoled
 )
 
 var standbyReasonText = [...]string{
@@ -36,6 +41,7 @@ var standbyReasonText = [...]string{
 	StandbyNotStreaming: "not streaming from the leader",
 	StandbyLagging:      "replication lag above the bound",
 	StandbyNotPassive:   "roled not PASSIVE",
+	StandbyRoled:        "not ready (roled)",
 }
 
 func (r StandbyReason) String() string {
@@ -142,12 +148,34 @@ func (c *Client) leaderReplication(ctx context.Context, members []PatroniMember)
 	return nil
 }
 
-// StandbyReadiness reads what standbyReady needs from Patroni and roled.
-func (c *Client) StandbyReadiness(ctx context.Context, n Node) (StandbyReason, string) {
-	v := StandbyView{Members: c.patroniCluster(ctx), MaxLag: c.Cfg.Drill.MaxLag}
-	v.LeaderRepl = c.leaderReplication(ctx, v.Members)
-	if n.RoledURL != "" {
-		v.RoledRole = c.Roled(ctx, n).Role
+// roledReadiness is the readiness roled computed on the node itself, which
+// sees what Patroni and the leader cannot (its own pg_stat_wal_receiver,
+// files in quarantine). ok is false when roled did not publish one (an older
+// roled, unreachable, or postgres.enabled false there): then hapairctl falls
+// back to standbyReady on Patroni's /cluster.
+func roledReadiness(rn RoledNode) (reason StandbyReason, detail string, ok bool) {
+	r := rn.Readiness
+	switch {
+	case rn.Error != "" || r == nil || r.Reason == "" || r.Reason == roled.StandbyUnchecked:
+		return 0, "", false
+	case r.Ready:
+		return StandbyReady, "", true
 	}
+	return StandbyRoled, r.Text(), true
+}
+
+// StandbyReadiness says whether n could take over now: roled's own
+// readiness when it publishes one, else standbyReady on what Patroni and
+// roled show from outside.
+func (c *Client) StandbyReadiness(ctx context.Context, n Node) (StandbyReason, string) {
+	var rn RoledNode
+	if n.RoledURL != "" {
+		rn = c.Roled(ctx, n)
+		if reason, detail, ok := roledReadiness(rn); ok {
+			return reason, detail
+		}
+	}
+	v := StandbyView{Members: c.patroniCluster(ctx), MaxLag: c.Cfg.Drill.MaxLag, RoledRole: rn.Role}
+	v.LeaderRepl = c.leaderReplication(ctx, v.Members)
 	return standbyReady(v, n.Member())
 }

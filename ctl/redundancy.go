@@ -3,6 +3,8 @@ package ctl
 import (
 	"fmt"
 	"strings"
+
+	"github.com/hapair/hapair/roled"
 )
 
 // Level is the answer to the operator's first question after an incident.
@@ -33,6 +35,9 @@ type Redundancy struct {
 	Active  string   `json:"active,omitempty"`
 	Standby string   `json:"standby,omitempty"`
 	Reasons []string `json:"reasons,omitempty"`
+	// Stuck lists leader-key holders whose PostgreSQL accepts no writes
+	// (roled's stuck-leader detection), each with its remedy.
+	Stuck []roled.StuckLeader `json:"stuck_leaders,omitempty"`
 }
 
 // Line is the first line of hapairctl status.
@@ -80,7 +85,23 @@ func assess(s Status, nodes []Node, backend string, standby StandbyReason, stand
 	for _, a := range s.Alarms {
 		r.Reasons = append(r.Reasons, "takeover alarm "+a.Key)
 	}
+	for _, n := range s.Roled {
+		if n.StuckLeader != nil && n.Error == "" {
+			r.Reasons = append(r.Reasons, n.StuckLeader.Text())
+			r.Stuck = append(r.Stuck, *n.StuckLeader)
+		}
+	}
 	if len(r.Reasons) > 0 {
+		if active == 0 {
+			// Why no failover happens: what each node's roled says about
+			// its readiness to take over.
+			for _, n := range s.Roled {
+				if rd := n.Readiness; n.Error == "" && rd != nil && !rd.Ready && n.StuckLeader == nil &&
+					rd.Reason != roled.StandbyUnchecked && rd.Reason != roled.StandbyIsActive {
+					r.Reasons = append(r.Reasons, n.Node+" cannot take over: "+rd.Text())
+				}
+			}
+		}
 		r.Level, r.Verdict = NotServing, NotServing.String()
 		return r
 	}
@@ -102,6 +123,8 @@ func assess(s Status, nodes []Node, backend string, standby StandbyReason, stand
 	switch {
 	case r.Standby == "":
 		r.Reasons = append(r.Reasons, "no second node configured")
+	case standby == StandbyRoled: // roled's own words
+		r.Reasons = append(r.Reasons, r.Standby+": "+standbyDetail)
 	case standby != StandbyReady:
 		msg := r.Standby + ": " + standby.String()
 		if standbyDetail != "" {

@@ -3,14 +3,16 @@ package ctl
 import (
 	"strings"
 	"testing"
+
+	"github.com/hapair/hapair/roled"
 )
 
 func TestAssess(t *testing.T) {
 	nodes := []Node{{Name: "a"}, {Name: "b"}}
 	etcd := []EtcdMember{{Name: "a", Healthy: true}, {Name: "b", Healthy: true}, {Name: "witness", Healthy: true}}
-	roled := func(a, b string) []RoledNode { return []RoledNode{{Node: "a", Role: a}, {Node: "b", Role: b}} }
+	roles := func(a, b string) []RoledNode { return []RoledNode{{Node: "a", Role: a}, {Node: "b", Role: b}} }
 	lb := []LBServer{{Backend: "app", Name: "a", Eligible: true}, {Backend: "app", Name: "b"}}
-	base := func() Status { return Status{Etcd: etcd, Roled: roled("active", "passive"), Backends: lb} }
+	base := func() Status { return Status{Etcd: etcd, Roled: roles("active", "passive"), Backends: lb} }
 	cases := []struct {
 		name    string
 		st      func() Status
@@ -31,7 +33,7 @@ func TestAssess(t *testing.T) {
 			s.Roled[0].Sync.LastError = "peer refused"
 			return s
 		}, StandbyReady, Degraded, "file sync: peer refused"},
-		{"no ACTIVE", func() Status { s := base(); s.Roled = roled("passive", "passive"); return s }, StandbyReady, NotServing, "no node is ACTIVE"},
+		{"no ACTIVE", func() Status { s := base(); s.Roled = roles("passive", "passive"); return s }, StandbyReady, NotServing, "no node is ACTIVE"},
 		{"ACTIVE unreachable", func() Status {
 			s := base()
 			s.Roled[0].Error = "connection refused"
@@ -50,8 +52,38 @@ func TestAssess(t *testing.T) {
 			return s
 		}, StandbyReady, Redundant, ""},
 	}
+	rewinding := &roled.Readiness{Reason: roled.StandbyNotRunning, Detail: "stopped: rewind, restart or crash"}
+	cases = append(cases, []struct {
+		name    string
+		st      func() Status
+		standby StandbyReason
+		want    Level
+		reason  string
+	}{
+		{"roled's own reason", base, StandbyRoled, Degraded, "b: not streaming from the leader (no WAL receiver)"},
+		// Issue 17 scenario (b): the primary died while the other node
+		// rewinds: status names why nothing takes over.
+		{"no failover candidate", func() Status {
+			s := base()
+			s.Roled = roles("unknown", "passive")
+			s.Roled[0].Error = "connection refused"
+			s.Roled[1].Readiness = rewinding
+			return s
+		}, StandbyReady, NotServing, "no node is ACTIVE; b cannot take over: PostgreSQL not running under Patroni (stopped: rewind"},
+		{"stuck leader", func() Status {
+			s := base()
+			s.Roled = roles("passive", "passive")
+			s.Roled[0].StuckLeader = &roled.StuckLeader{Node: "a", Cause: roled.CauseStarting, Seconds: 31}
+			s.Roled[0].Readiness = &roled.Readiness{Reason: roled.StandbyIsLeader}
+			return s
+		}, StandbyReady, NotServing, "a: Patroni holds the leader key but PostgreSQL has not accepted writes for 31 s (starting up"},
+	}...)
 	for _, c := range cases {
-		r := assess(c.st(), nodes, "app", c.standby, "")
+		detail := ""
+		if c.standby == StandbyRoled {
+			detail = "not streaming from the leader (no WAL receiver)"
+		}
+		r := assess(c.st(), nodes, "app", c.standby, detail)
 		if r.Level != c.want || !strings.Contains(r.Line(), c.reason) {
 			t.Errorf("%s: %v %q, want %v with %q", c.name, r.Level, r.Line(), c.want, c.reason)
 		}

@@ -14,6 +14,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/hapair/hapair/roled"
 )
 
 // Status is the whole cluster as hapairctl sees it (hapairctl status --json).
@@ -94,7 +96,11 @@ type RoledNode struct {
 		Addresses []string `json:"addresses"`
 		Held      []string `json:"held"`
 	} `json:"vip,omitempty"`
-	Error string `json:"error,omitempty"`
+	// Readiness and StuckLeader are roled's own (nil from a roled that does
+	// not publish them).
+	Readiness   *roled.Readiness   `json:"readiness,omitempty"`
+	StuckLeader *roled.StuckLeader `json:"stuck_leader,omitempty"`
+	Error       string             `json:"error,omitempty"`
 }
 
 // LBServer is one server of the balancer's active-passive backend.
@@ -139,9 +145,18 @@ func (c *Client) assess(st Status) Redundancy {
 			continue
 		}
 		v := StandbyView{Members: st.Patroni, LeaderRepl: st.LeaderRepl, MaxLag: c.Cfg.Drill.MaxLag}
-		for _, rn := range st.Roled {
+		var mine *RoledNode
+		for i, rn := range st.Roled {
 			if rn.Node == n.Name && n.RoledURL != "" {
-				v.RoledRole = rn.Role
+				v.RoledRole, mine = rn.Role, &st.Roled[i]
+			}
+		}
+		if mine != nil {
+			if reason, detail, ok := roledReadiness(*mine); ok {
+				if reason != StandbyReady && !mine.Readiness.Since.IsZero() {
+					detail += fmt.Sprintf(", for %.1f s", st.Time.Sub(mine.Readiness.Since).Seconds())
+				}
+				return assess(st, c.Cfg.Nodes, c.Cfg.LB.Backend, reason, detail)
 			}
 		}
 		reason, detail := standbyReady(v, n.Member())
@@ -340,7 +355,7 @@ func (s Status) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ROLED NODE\tROLE\tEPOCH\tSINCE\tSYNC LAG\tQUARANTINED\tALARM")
+	fmt.Fprintln(tw, "ROLED NODE\tROLE\tEPOCH\tSINCE\tSYNC LAG\tQUARANTINED\tALARM\tREADY TO TAKE OVER")
 	for _, r := range s.Roled {
 		since := "-"
 		if !r.Since.IsZero() {
@@ -354,8 +369,8 @@ func (s Status) WriteTable(w io.Writer) error {
 		if len(r.Takeover) > 0 {
 			alarm = fmt.Sprintf("TAKEOVER (%d)", len(r.Takeover))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.1fs\t%d\t%s\n", r.Node, role, r.Epoch, since, r.Sync.LagSeconds,
-			r.Sync.QuarantinedTotal, alarm)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.1fs\t%d\t%s\t%s\n", r.Node, role, r.Epoch, since, r.Sync.LagSeconds,
+			r.Sync.QuarantinedTotal, alarm, readyCell(r))
 	}
 	for _, r := range s.Roled {
 		if r.VIP != nil && len(r.VIP.Held) > 0 {
@@ -363,15 +378,18 @@ func (s Status) WriteTable(w io.Writer) error {
 		}
 	}
 	if s.Active != nil {
-		fmt.Fprintf(tw, "active key\t%s\t%d\t%s\t\t\t\n", s.Active.Node, s.Active.Epoch, s.Active.Since)
+		fmt.Fprintf(tw, "active key\t%s\t%d\t%s\t\t\t\t\n", s.Active.Node, s.Active.Epoch, s.Active.Since)
 	} else {
-		fmt.Fprintln(tw, "active key\t(none)\t\t\t\t\t")
+		fmt.Fprintln(tw, "active key\t(none)\t\t\t\t\t\t")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	for _, a := range s.Alarms {
 		fmt.Fprintf(w, "ALARM %s %s (after checking the data: hapairctl ack)\n", a.Key, a.Value)
+	}
+	for _, sl := range s.Redundancy.Stuck {
+		fmt.Fprintf(w, "STUCK LEADER %s\n  remedy: %s\n", sl.Text(), sl.Remedy)
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
@@ -392,6 +410,19 @@ func (s Status) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", b.Backend, b.Name, state, yes(b.Eligible), b.Epoch, lc, b.LastReason)
 	}
 	return tw.Flush()
+}
+
+// readyCell is roled's own readiness for the table: "yes", the reason with
+// its lag, or "-" where roled publishes none (ACTIVE, older roled).
+func readyCell(r RoledNode) string {
+	rd := r.Readiness
+	switch {
+	case r.Error != "" || rd == nil || rd.Reason == roled.StandbyIsActive:
+		return "-"
+	case rd.Ready:
+		return fmt.Sprintf("yes (lag %s, %.1f s)", fmtLag(float64(rd.LagBytes)), rd.LagSeconds)
+	}
+	return "no: " + rd.Text()
 }
 
 // passive reports whether roled on node says PASSIVE (and was reachable).

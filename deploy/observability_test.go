@@ -35,9 +35,10 @@ func TestPromtoolRules(t *testing.T) {
 	if err != nil {
 		t.Fatalf("promtool test rules: %v\n%s", err, out)
 	}
-	// The two alerts the issue names must be among the tested ones.
+	// The alerts the issues name must be among the tested ones.
 	b, _ := os.ReadFile(rulesTestFile)
-	for _, a := range []string{"alertname: HapairDualActive", "alertname: HapairNoActive"} {
+	for _, a := range []string{"alertname: HapairDualActive", "alertname: HapairNoActive",
+		"alertname: HapairNotRedundant", "alertname: HapairStuckLeader"} {
 		if !strings.Contains(string(b), a) {
 			t.Errorf("%s has no test for %s", rulesTestFile, a)
 		}
@@ -129,6 +130,8 @@ func TestDashboard(t *testing.T) {
 		"etcd_server_has_leader", "hapair_witness_members_healthy", // etcd member health
 		"hapair_roled_fpm_active_processes", "hapair_roled_fpm_idle_processes",
 		"hapair_roled_fpm_listen_queue", "hapair_roled_fpm_utilisation_ratio", // worker pool
+		"hapair_roled_standby_ready", "hapair_roled_standby_not_ready_reason", // redundancy (issue 17)
+		"hapair_roled_leader_stuck", "hapair_roled_leader_unwritable_seconds", // stuck leader
 	} {
 		if !queried[m] {
 			t.Errorf("dashboard does not query %s", m)

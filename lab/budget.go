@@ -57,7 +57,7 @@ type RTOScenario struct {
 // 5 s is refused, Patroni 3.0.2 cannot take the leader key with a
 // retry_timeout of 1 s, so ttl cannot go under 5 s.
 var RTOScenarios = []RTOScenario{
-	{"6.5s", Scenario{"10-kill-at-rto-6.5s", DCSRemote, KillAtRTO}},
+	{"6.5s", Scenario{"13-kill-at-rto-6.5s", DCSRemote, KillAtRTO}},
 }
 
 // KillAtRTO (10): kill -9 of everything on the primary's node of a lab

@@ -69,6 +69,7 @@ var Scenarios = []Scenario{
 	{"9-drills-back-to-back", DCSRemote, DrillsBackToBack},
 	{"10-vip-switchover", DCSRemote, VIPSwitchover},
 	{"11-vip-roled-paused", DCSRemote, VIPRoledPaused},
+	{"12-primary-dies-during-rewind", DCSRemote, PrimaryDiesDuringRewind},
 	{"6-partition-default-hosts", DCSAll, PartitionDefaultHosts},
 }
 

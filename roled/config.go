@@ -38,6 +38,7 @@ type Config struct {
 	ReplicaAgent ReplicaAgentConfig `yaml:"replica-agent"`
 	PHPFPM       FPMConfig          `yaml:"php-fpm"`
 	History      HistoryConfig      `yaml:"history"`
+	Readiness    ReadinessConfig    `yaml:"readiness"` // standby readiness bounds, stuck leader (readiness.go)
 
 	// Sync is the file sync (package syncdir), enabled when it lists roots.
 	// roled drives its direction; its receiver runs in the same process.
@@ -157,10 +158,11 @@ func DefaultConfig() Config {
 			PrimaryReply:        "drain",
 			Interval:            time.Second,
 		},
-		PHPFPM:  FPMConfig{Interval: 5 * time.Second, Timeout: time.Second},
-		History: HistoryConfig{Keep: 100},
-		Sync:    syncdir.DefaultConfig(),
-		VIP:     vip.Default(),
+		PHPFPM:    FPMConfig{Interval: 5 * time.Second, Timeout: time.Second},
+		History:   HistoryConfig{Keep: 100},
+		Readiness: DefaultReadiness(),
+		Sync:      syncdir.DefaultConfig(),
+		VIP:       vip.Default(),
 	}
 }
 
@@ -180,7 +182,7 @@ func (c Config) SyncConfig() syncdir.Config {
 // full YAML path and the value received.
 func (c Config) Validate() error {
 	checks := []func() error{c.validateTop, c.validateTiming, c.validatePatroni,
-		c.validateOutputs, c.validateAgents}
+		c.validateOutputs, c.validateAgents, c.validateReadiness}
 	for _, f := range checks {
 		if err := f(); err != nil {
 			return err

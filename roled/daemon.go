@@ -56,6 +56,12 @@ type Daemon struct {
 	hist      history    // the last ACTIVE seen, for the failover history
 	histq     chan historyJob
 
+	// standby readiness and stuck leader (readiness.go), published by the
+	// poll goroutine, which owns rls
+	ready           atomic.Pointer[readyState]
+	unwritableSince atomic.Int64
+	rls             readinessLoopState
+
 	// owned by the etcd goroutine
 	readErr       bool
 	reported      map[takeoverKey]bool
@@ -71,6 +77,9 @@ type SyncHooks struct {
 	SetActive  func(epoch int64) // after 200 is served
 	SetPassive func()            // after 503 is served; returns when the sender stopped
 	Status     func() any        // shown under "sync" in /role
+	// Quarantined counts the files waiting in quarantine now (all roots),
+	// for the standby's readiness.
+	Quarantined func() int64
 }
 
 // leaseState is published by the lease goroutine.
@@ -86,6 +95,7 @@ type localView struct {
 	patroni  PatroniView
 	postgres PostgresView
 	status   PatroniStatus
+	wal      WALReceiverView // read only while PostgreSQL is in recovery
 }
 
 // snapshot is the role as published to handlers, agents and the fence.

@@ -68,6 +68,7 @@ func (p PatroniView) Primary() bool {
 type PostgresView struct {
 	Disabled   bool   // postgres.enabled is false
 	Err        string // connect or query error
+	Code       string // SQLSTATE of a refusal ("57P03": starting up), "" otherwise
 	InRecovery bool   // pg_is_in_recovery()
 }
 

@@ -26,6 +26,11 @@ type etcdView struct {
 	unchecked  string           // member named by a leader key whose history could not be read just now
 	optime     int64            // Patroni's leader optime (status key), 0 if unknown
 	stepDown   bool             // our stepdown key exists
+	// For the standby's readiness: the Patroni leader's member key, and
+	// the sync part of the ACTIVE peer's heartbeat (the ACTIVE named by the
+	// previous read; empty while this node is the ACTIVE).
+	leaderMember LeaderMember
+	peerSync     PeerSync
 }
 
 // activeValue is the JSON of the active key.
@@ -118,13 +123,18 @@ func (d *Daemon) readOnce(ctx context.Context) {
 	sent := d.now()
 	tctx, cancel := context.WithTimeout(ctx, d.cfg.opTimeout())
 	defer cancel()
-	resp, err := d.cli.Txn(tctx).Then(
+	ops := []clientv3.Op{
 		clientv3.OpGet(d.cfg.leaderKey()),
 		clientv3.OpGet(d.activeKey()),
 		clientv3.OpGet(AlarmPrefix(d.cfg.prefix()), clientv3.WithPrefix()),
 		clientv3.OpGet(d.cfg.statusKey()),
 		clientv3.OpGet(d.stepDownKey(), clientv3.WithCountOnly()),
-	).Commit()
+		clientv3.OpGet(d.cfg.membersPrefix(), clientv3.WithPrefix()),
+	}
+	if peer := d.etcdView.Load().activeNode; peer != "" && peer != d.cfg.Node {
+		ops = append(ops, clientv3.OpGet(d.cfg.prefix()+"nodes/"+peer))
+	}
+	resp, err := d.cli.Txn(tctx).Then(ops...).Commit()
 	if err != nil {
 		if ctx.Err() == nil {
 			d.m.etcdReadErrors.Inc()
@@ -157,6 +167,16 @@ func (d *Daemon) readOnce(ctx context.Context) {
 		}
 	}
 	v.stepDown = r[4].GetResponseRange().Count > 0
+	for _, kv := range r[5].GetResponseRange().Kvs {
+		if v.leader.Exists && string(kv.Key) == d.cfg.membersPrefix()+v.leader.Value {
+			v.leaderMember = parseLeaderMember(kv.Value)
+		}
+	}
+	if len(r) > 6 {
+		if kv := firstKV(r[6].GetResponseRange().Kvs); kv != nil {
+			v.peerSync = parsePeerSync(kv.Value)
+		}
+	}
 	if t, err := d.findTakeover(tctx, leaderKV); err != nil {
 		d.lg.Warn("cannot check leader key history for a takeover", zap.Error(err))
 		if !errors.Is(err, rpctypes.ErrCompacted) {

@@ -29,6 +29,9 @@ type Status struct {
 	Takeover []TakeoverAlarm `json:"takeover_alarms"`
 	Sync     any             `json:"sync,omitempty"`
 	VIP      *vip.Status     `json:"vip,omitempty"` // the floating address, when configured
+	// Readiness: could this node take over now (readiness.go)?
+	Readiness   Readiness    `json:"readiness"`
+	StuckLeader *StuckLeader `json:"stuck_leader,omitempty"`
 }
 
 // PatroniSummary is the local Patroni as last seen.
@@ -109,6 +112,7 @@ func (d *Daemon) Status() Status {
 		st.Sync = d.sync.Status()
 	}
 	st.VIP = d.vipStatus()
+	st.Readiness, st.StuckLeader = d.readiness()
 	return st
 }
 
@@ -198,6 +202,9 @@ type heartbeat struct {
 	Takeover bool           `json:"takeover_alarm"`
 	VIP      *vip.Status    `json:"vip,omitempty"`
 	Updated  time.Time      `json:"updated"`
+
+	Readiness   Readiness    `json:"readiness"`
+	StuckLeader *StuckLeader `json:"stuck_leader,omitempty"`
 }
 
 // heartbeatLoop writes nodes/<node> on the lease every heartbeat-interval and
@@ -220,7 +227,8 @@ func (d *Daemon) heartbeatLoop(ctx context.Context) error {
 		st := d.Status()
 		b, _ := json.Marshal(heartbeat{Node: st.Node, Role: st.Role, Epoch: st.Epoch, Since: st.Since,
 			Reason: st.Reason, Patroni: st.Patroni, Sync: st.Sync, VIP: st.VIP,
-			Takeover: d.etcdView.Load().takeoverBlocks(d.cfg.member()), Updated: time.Now().UTC()})
+			Takeover: d.etcdView.Load().takeoverBlocks(d.cfg.member()), Updated: time.Now().UTC(),
+			Readiness: st.Readiness, StuckLeader: st.StuckLeader})
 		tctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, err := d.cli.Put(tctx, d.nodeKey(), string(b), clientv3.WithLease(clientv3.LeaseID(l.id)))
 		cancel()

@@ -89,6 +89,7 @@ type stateCollector struct {
 
 	role, epoch, kaAge, remaining, alarm, primary, writable, leaderSelf, leaseTTL *prometheus.Desc
 	fpm                                                                           fpmDescs
+	ready                                                                         readinessDescs
 }
 
 func newStateCollector(d *Daemon) *stateCollector {
@@ -107,6 +108,7 @@ func newStateCollector(d *Daemon) *stateCollector {
 		writable:   g("postgres_writable", "1 when the local PostgreSQL answers and is not in recovery."),
 		leaderSelf: g("leader_key_self", "1 when Patroni's leader key names this member."),
 		fpm:        newFPMDescs(),
+		ready:      newReadinessDescs(),
 	}
 }
 
@@ -144,6 +146,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.primary, b2f(pv.patroni.Primary()))
 	g(c.writable, b2f(!pv.postgres.Disabled && pv.postgres.Err == "" && !pv.postgres.InRecovery && pv.patroni.At > 0))
 	g(c.leaderSelf, b2f(ev.leader.Exists && ev.leader.Value == d.cfg.member()))
+	r, stuck := d.readiness()
+	c.ready.collect(ch, r, stuck, d.unwritableSeconds())
 	if d.cfg.PHPFPM.URL != "" {
 		c.fpm.collect(ch, d.fpm.Load(), d.cfg.PHPFPM.MaxChildren)
 	}

@@ -36,6 +36,9 @@ type PatroniStatus struct {
 		Scope   string `json:"scope"`
 	} `json:"patroni"`
 	Pause bool `json:"pause"`
+	// Tags are the member's effective tags (nofailover, ...).
+	Tags           map[string]any `json:"tags"`
+	PendingRestart bool           `json:"pending_restart"`
 }
 
 // patroniClient talks to the local Patroni REST API. Every call has its own

@@ -61,10 +61,12 @@ func (d *Daemon) pollOnce(ctx context.Context) {
 		d.m.patroniErrors.WithLabelValues(kind).Inc()
 	}
 	lv.postgres = d.checkPostgres(ctx)
+	lv.wal = d.checkWAL(ctx, lv.postgres)
 	lv.patroni.At = d.now()
 	old := d.localView.Swap(lv)
 	d.logLocalChange(old, lv)
 	nudge(d.wake)
+	d.evaluateReadiness(ctx, lv)
 }
 
 // recheckPostgres publishes a fresh PostgreSQL result beside the last
@@ -97,7 +99,7 @@ func (d *Daemon) checkPostgres(ctx context.Context) PostgresView {
 	rec, err := d.pg.InRecovery(ctx)
 	if err != nil {
 		d.m.postgresErrors.Inc()
-		return PostgresView{Err: err.Error()}
+		return PostgresView{Err: err.Error(), Code: sqlState(err)}
 	}
 	return PostgresView{InRecovery: rec}
 }

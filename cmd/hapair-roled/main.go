@@ -63,7 +63,14 @@ func serve(cfg roled.Config, lg *zap.Logger) error {
 			return err
 		}
 		d.SetSync(roled.SyncHooks{SetActive: sync.SetActive, SetPassive: sync.SetPassive,
-			Status: func() any { return sync.Status() }})
+			Status: func() any { return sync.Status() },
+			Quarantined: func() int64 {
+				var n int64
+				for _, c := range sync.Status().QuarantineFiles {
+					n += c
+				}
+				return n
+			}})
 	}
 	ctx, stop := daemon.SignalContext()
 	defer stop()
