@@ -28,6 +28,14 @@ type Config struct {
 	KeepAliveInterval time.Duration `yaml:"keepalive-interval"` // keep-alive period and timeout (default 1s)
 	RereadInterval    time.Duration `yaml:"reread-interval"`    // periodic linearizable re-read (default 1s)
 	HeartbeatInterval time.Duration `yaml:"heartbeat-interval"` // nodes/<node> rewrite period (default 5s)
+	// QuorumLossAfter: PASSIVE when no etcd call sent within this long has
+	// succeeded (the majority is out of reach), well before the lease
+	// deadline; it bounds how long an isolated primary takes writes.
+	// Default 1s; 0 turns it off (the lease deadline alone then decides).
+	QuorumLossAfter time.Duration `yaml:"quorum-loss-after"`
+	// QuorumCheckInterval: period of the linearizable probe that keeps that
+	// proof fresh (default 200ms; at most a third of quorum-loss-after).
+	QuorumCheckInterval time.Duration `yaml:"quorum-check-interval"`
 
 	Etcd         config.Etcd        `yaml:"etcd"`
 	Patroni      PatroniConfig      `yaml:"patroni"`
@@ -120,15 +128,17 @@ type FPMConfig struct {
 // DefaultConfig returns the defaults listed in examples/roled.yaml.
 func DefaultConfig() Config {
 	return Config{
-		Cluster:           "hapair",
-		LogLevel:          "info",
-		Listen:            ":7400",
-		LeaseTTL:          5 * time.Second,
-		SafetyMargin:      time.Second,
-		KeepAliveInterval: time.Second,
-		RereadInterval:    time.Second,
-		HeartbeatInterval: 5 * time.Second,
-		Etcd:              config.DefaultEtcd(),
+		Cluster:             "hapair",
+		LogLevel:            "info",
+		Listen:              ":7400",
+		LeaseTTL:            5 * time.Second,
+		SafetyMargin:        time.Second,
+		KeepAliveInterval:   time.Second,
+		RereadInterval:      time.Second,
+		HeartbeatInterval:   5 * time.Second,
+		QuorumLossAfter:     time.Second,
+		QuorumCheckInterval: 200 * time.Millisecond,
+		Etcd:                config.DefaultEtcd(),
 		Patroni: PatroniConfig{
 			URL:              "http://127.0.0.1:8008",
 			Scope:            "hapair",
@@ -240,6 +250,14 @@ func (c Config) validateTiming() error {
 	}
 	if c.HeartbeatInterval <= 0 {
 		return config.Errorf("heartbeat-interval", c.HeartbeatInterval, "must be positive")
+	}
+	if c.QuorumLossAfter < 0 || c.QuorumLossAfter >= c.LeaseTTL-c.SafetyMargin {
+		return config.Errorf("quorum-loss-after", c.QuorumLossAfter,
+			"must be 0 (off) or below lease-ttl - safety-margin (%s): the lease deadline is the last line, not the first", c.LeaseTTL-c.SafetyMargin)
+	}
+	if c.QuorumLossAfter > 0 && (c.QuorumCheckInterval <= 0 || 3*c.QuorumCheckInterval > c.QuorumLossAfter) {
+		return config.Errorf("quorum-check-interval", c.QuorumCheckInterval,
+			"must be positive and at most a third of quorum-loss-after (%s), so one slow probe is survived", c.QuorumLossAfter)
 	}
 	return nil
 }

@@ -50,6 +50,7 @@ type Daemon struct {
 	holding   atomic.Bool
 	eager     atomic.Bool
 	loopBeat  atomic.Int64 // now() of the state loop's last iteration
+	etcdOK    atomic.Int64 // now() when the newest successful etcd call was sent (quorum.go)
 	sync      SyncHooks
 	vip       *vip.Guard // nil without a vip section
 	ls        loopState  // owned by the state goroutine
@@ -239,6 +240,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(workCtx)
 	g.Go(func() error { return d.leaseLoop(gctx) })
 	g.Go(func() error { return d.etcdLoop(gctx) })
+	g.Go(func() error { return d.quorumLoop(gctx) })
 	g.Go(func() error { return d.pollLoop(gctx) })
 	g.Go(func() error { return d.heartbeatLoop(gctx) })
 	g.Go(func() error { return d.historyLoop(gctx) })
@@ -317,7 +319,8 @@ func (d *Daemon) activeNow() (bool, int64) {
 		return false, 0
 	}
 	l := d.lease.Load()
-	if l.id == 0 || l.id != s.leaseID || d.now() >= l.deadline {
+	now := d.now()
+	if l.id == 0 || l.id != s.leaseID || now >= l.deadline || d.quorumLost(now) {
 		return false, 0
 	}
 	return true, s.epoch

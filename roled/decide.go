@@ -27,6 +27,7 @@ const (
 	ReasonStopping         Reason = "stopping"
 	ReasonNoLease          Reason = "no_lease"
 	ReasonDeadline         Reason = "local_deadline_passed"
+	ReasonQuorumLost       Reason = "etcd_quorum_lost"
 	ReasonEtcdStale        Reason = "etcd_view_stale"
 	ReasonTakeover         Reason = "takeover_alarm"
 	ReasonTakeoverPending  Reason = "takeover_check_pending"
@@ -92,11 +93,15 @@ type Observation struct {
 	Deadline time.Duration
 
 	// etcd view from the last linearizable read, and when it was read.
-	EtcdAt      time.Duration
-	Leader      KeyView // Patroni's leader key
-	Active      KeyView // our active key
-	ActiveNode  string  // node named in the active key
-	TakeoverFor bool    // an unacknowledged takeover alarm names this member
+	EtcdAt time.Duration
+	// When the newest successful etcd call (any kind) was sent, and how old
+	// it may be before the majority counts as lost (0: no such check).
+	EtcdOKAt        time.Duration
+	QuorumLossAfter time.Duration
+	Leader          KeyView // Patroni's leader key
+	Active          KeyView // our active key
+	ActiveNode      string  // node named in the active key
+	TakeoverFor     bool    // an unacknowledged takeover alarm names this member
 	// The leader key names this member but its history could not be read
 	// (transient error): a takeover cannot be ruled out yet.
 	TakeoverUnchecked bool
@@ -162,6 +167,8 @@ func fenced(o Observation, now time.Duration) (Reason, bool) {
 		return ReasonNoLease, false
 	case now >= o.Deadline:
 		return ReasonDeadline, false
+	case o.QuorumLossAfter > 0 && now-o.EtcdOKAt >= o.QuorumLossAfter:
+		return ReasonQuorumLost, false
 	case o.EtcdAt == 0 || now-o.EtcdAt > o.MaxEtcdAge:
 		return ReasonEtcdStale, false
 	case o.TakeoverFor:

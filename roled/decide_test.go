@@ -1,6 +1,7 @@
 package roled
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -11,7 +12,7 @@ import (
 func good() Observation {
 	return Observation{
 		LeaseID: 7, Deadline: sec(14),
-		EtcdAt:  sec(9.5),
+		EtcdAt: sec(9.5), EtcdOKAt: sec(9.8), QuorumLossAfter: sec(1),
 		Leader:  KeyView{Exists: true, Value: "pgA", CreateRev: 5, ModRev: 5, Version: 1, Lease: 99},
 		Patroni: PatroniView{At: sec(9.8), Code: 200, Role: "master", State: "running"},
 		Member:  "pgA", Node: "A",
@@ -41,6 +42,11 @@ func TestDecide(t *testing.T) {
 		{"no lease", RolePassive, func(o *Observation) { o.LeaseID = 0 }, RolePassive, ReasonNoLease},
 		{"deadline passed", RoleActive, func(o *Observation) { held(o); o.Deadline = now }, RolePassive, ReasonDeadline},
 		{"deadline long passed (paused process)", RoleActive, func(o *Observation) { held(o); o.Deadline = sec(2) }, RolePassive, ReasonDeadline},
+		{"majority out of reach for quorum-loss-after", RoleActive, func(o *Observation) { held(o); o.EtcdOKAt = sec(9) }, RolePassive, ReasonQuorumLost},
+		{"majority out of reach, passive stays passive", RolePassive, func(o *Observation) { o.EtcdOKAt = sec(8.5) }, RolePassive, ReasonQuorumLost},
+		{"last success just inside quorum-loss-after", RoleActive, func(o *Observation) { held(o); o.EtcdOKAt = sec(9.01) }, RoleActive, ReasonPrimary},
+		{"quorum check off: only the deadline", RoleActive, func(o *Observation) { held(o); o.EtcdOKAt = 0; o.QuorumLossAfter = 0 }, RoleActive, ReasonPrimary},
+		{"deadline is reported before quorum loss", RoleActive, func(o *Observation) { held(o); o.EtcdOKAt = 0; o.Deadline = now }, RolePassive, ReasonDeadline},
 		{"etcd never read", RolePassive, func(o *Observation) { o.EtcdAt = 0 }, RolePassive, ReasonEtcdStale},
 		{"etcd view stale", RoleActive, func(o *Observation) { held(o); o.EtcdAt = sec(5) }, RolePassive, ReasonEtcdStale},
 		{"takeover alarm", RolePassive, func(o *Observation) { o.TakeoverFor = true }, RolePassive, ReasonTakeover},
@@ -170,6 +176,35 @@ func TestConfig(t *testing.T) {
 		f(&c)
 		if err := c.Validate(); err == nil {
 			t.Errorf("case %d: want a config error", i)
+		}
+	}
+}
+
+// TestQuorumConfig: the quorum check's fields are validated against the lease,
+// and each error names its field.
+func TestQuorumConfig(t *testing.T) {
+	cases := []struct {
+		name  string
+		mut   func(*Config)
+		field string // "" for valid
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"off", func(c *Config) { c.QuorumLossAfter = 0; c.QuorumCheckInterval = 0 }, ""},
+		{"negative", func(c *Config) { c.QuorumLossAfter = -time.Second }, "quorum-loss-after"},
+		{"as long as the deadline", func(c *Config) { c.QuorumLossAfter = 4 * time.Second }, "quorum-loss-after"},
+		{"probe too slow to survive one miss", func(c *Config) { c.QuorumCheckInterval = 500 * time.Millisecond }, "quorum-check-interval"},
+		{"probe period zero", func(c *Config) { c.QuorumCheckInterval = 0 }, "quorum-check-interval"},
+	}
+	for _, tc := range cases {
+		c := DefaultConfig()
+		c.Node = "A"
+		tc.mut(&c)
+		err := c.Validate()
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.field != "" && (err == nil || !strings.Contains(err.Error(), tc.field)):
+			t.Errorf("%s: error %v, want one naming %s", tc.name, err, tc.field)
 		}
 	}
 }

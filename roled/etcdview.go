@@ -143,6 +143,7 @@ func (d *Daemon) readOnce(ctx context.Context) {
 		return
 	}
 	d.readFailing(nil)
+	d.noteEtcdOK(sent)
 	v := &etcdView{at: sent, rev: resp.Header.Revision, alarmRev: map[string]int64{}}
 	r := resp.Responses
 	leaderKV := firstKV(r[0].GetResponseRange().Kvs)

@@ -261,6 +261,10 @@ func testConfig(t testing.TB, c *etcdtest.Cluster, name, patroniURL string) Conf
 	cfg.KeepAliveInterval = 300 * time.Millisecond
 	cfg.RereadInterval = 500 * time.Millisecond
 	cfg.HeartbeatInterval = time.Second
+	// Below the 2.25 s deadline, with room for a linearizable read that a
+	// loaded machine stretches past the 1 s default (seen at a load of 20).
+	cfg.QuorumLossAfter = 1500 * time.Millisecond
+	cfg.QuorumCheckInterval = 250 * time.Millisecond
 	cfg.Patroni.URL = patroniURL
 	cfg.Patroni.PollInterval = 200 * time.Millisecond
 	cfg.Patroni.FastPollInterval = 20 * time.Millisecond

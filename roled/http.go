@@ -82,7 +82,11 @@ func (d *Daemon) Status() Status {
 	if active {
 		st.Role = RoleActive.String()
 	} else if s.role == RoleActive {
-		st.Reason = string(ReasonDeadline) // published ACTIVE, but fenced by the deadline
+		// Published ACTIVE, but fenced before the state loop has run.
+		st.Reason = string(ReasonDeadline)
+		if l.id != 0 && now < l.deadline && d.quorumLost(now) {
+			st.Reason = string(ReasonQuorumLost)
+		}
 	}
 	p := lv.patroni
 	st.Patroni = PatroniSummary{Role: p.Role, State: p.State, Timeline: lv.status.Timeline,

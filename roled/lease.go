@@ -41,6 +41,7 @@ func (d *Daemon) grant(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	d.m.leaseGrants.Inc()
+	d.noteEtcdOK(sent)
 	d.publishLease(int64(resp.ID), resp.TTL, sent)
 	d.lg.Info("lease granted", zap.String("lease", leaseHex(int64(resp.ID))), zap.Int64("ttl", resp.TTL))
 	return int64(resp.ID), nil
@@ -69,6 +70,7 @@ func (d *Daemon) keepAlive(ctx context.Context, id int64) {
 				d.lg.Info("lease keep-alive recovered", zap.String("lease", leaseHex(id)))
 				failing = false
 			}
+			d.noteEtcdOK(sent)
 			d.publishLease(id, resp.TTL, sent)
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || (err == nil && resp.TTL <= 0):
 			d.lg.Warn("lease lost", zap.String("lease", leaseHex(id)))

@@ -12,18 +12,19 @@ const ns, sub = "hapair", "roled"
 type Metrics struct {
 	reg *prometheus.Registry
 
-	transitions       *prometheus.CounterVec
-	failoverDuration  *prometheus.HistogramVec
-	patroniDuration   prometheus.Histogram
-	patroniErrors     *prometheus.CounterVec
-	postgresErrors    prometheus.Counter
-	keepaliveFailures prometheus.Counter
-	leaseGrants       prometheus.Counter
-	etcdReadErrors    prometheus.Counter
-	hookRuns          *prometheus.CounterVec
-	takeovers         prometheus.Counter
-	agentRequests     *prometheus.CounterVec
-	fpmErrors         prometheus.Counter
+	transitions         *prometheus.CounterVec
+	failoverDuration    *prometheus.HistogramVec
+	patroniDuration     prometheus.Histogram
+	patroniErrors       *prometheus.CounterVec
+	postgresErrors      prometheus.Counter
+	keepaliveFailures   prometheus.Counter
+	quorumCheckFailures prometheus.Counter
+	leaseGrants         prometheus.Counter
+	etcdReadErrors      prometheus.Counter
+	hookRuns            *prometheus.CounterVec
+	takeovers           prometheus.Counter
+	agentRequests       *prometheus.CounterVec
+	fpmErrors           prometheus.Counter
 }
 
 func name(n string) string { return prometheus.BuildFQName(ns, sub, n) }
@@ -44,6 +45,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Failed PostgreSQL checks (connect or query)."}),
 		keepaliveFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: name("lease_keepalive_failures_total"),
 			Help: "Lease keep-alives that failed or timed out."}),
+		quorumCheckFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: name("quorum_check_failures_total"),
+			Help: "Linearizable quorum probes that failed or timed out (quorum-check-interval)."}),
 		leaseGrants: prometheus.NewCounter(prometheus.CounterOpts{Name: name("lease_grants_total"),
 			Help: "Leases granted (1 at start, +1 for every lost lease)."}),
 		etcdReadErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: name("etcd_read_errors_total"),
@@ -67,7 +70,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		m.failoverDuration.WithLabelValues(string(k))
 	}
 	reg.MustRegister(m.transitions, m.patroniDuration, m.patroniErrors, m.postgresErrors,
-		m.keepaliveFailures, m.leaseGrants, m.etcdReadErrors, m.hookRuns, m.takeovers,
+		m.keepaliveFailures, m.quorumCheckFailures, m.leaseGrants, m.etcdReadErrors, m.hookRuns, m.takeovers,
 		m.agentRequests, m.fpmErrors)
 	for _, k := range []string{"unreachable", "garbage"} {
 		m.patroniErrors.WithLabelValues(k)

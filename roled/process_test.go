@@ -70,6 +70,8 @@ safety-margin: %s
 keepalive-interval: %s
 reread-interval: %s
 heartbeat-interval: %s
+quorum-loss-after: %s
+quorum-check-interval: %s
 log-level: info
 etcd: {endpoints: [%s]}
 patroni: {url: %q, poll-interval: %s, fast-poll-interval: %s, timeout: %s}
@@ -77,6 +79,7 @@ postgres: {enabled: false, timeout: %s}
 marker: {path: %q}
 agent: {listen: "127.0.0.1:0"}
 `, cfg.Node, cfg.LeaseTTL, cfg.SafetyMargin, cfg.KeepAliveInterval, cfg.RereadInterval, cfg.HeartbeatInterval,
+		cfg.QuorumLossAfter, cfg.QuorumCheckInterval,
 		`"`+strings.Join(cfg.Etcd.Endpoints, `","`)+`"`, cfg.Patroni.URL, cfg.Patroni.PollInterval,
 		cfg.Patroni.FastPollInterval, cfg.Patroni.Timeout, cfg.Postgres.Timeout, cfg.Marker.Path)
 	if v := cfg.VIP; v.Enabled() {

@@ -66,6 +66,7 @@ func (d *Daemon) observe() Observation {
 	l, ev, lv := d.lease.Load(), d.etcdView.Load(), d.localView.Load()
 	o := Observation{
 		LeaseID: l.id, Deadline: l.deadline,
+		EtcdOKAt: time.Duration(d.etcdOK.Load()), QuorumLossAfter: d.cfg.QuorumLossAfter,
 		EtcdAt: ev.at, Leader: ev.leader, Active: ev.active, ActiveNode: ev.activeNode,
 		TakeoverFor:       ev.takeoverBlocks(d.cfg.member()),
 		TakeoverUnchecked: ev.unchecked != "" && ev.unchecked == d.cfg.member(),
@@ -337,6 +338,9 @@ func (d *Daemon) nextWake() time.Duration {
 	if d.ls.role == RoleActive {
 		o := d.observe()
 		w = min(w, o.Deadline, o.EtcdAt+o.MaxEtcdAge, o.Patroni.At+o.MaxPatroniAge)
+		if o.QuorumLossAfter > 0 {
+			w = min(w, o.EtcdOKAt+o.QuorumLossAfter)
+		}
 	}
 	if d.ls.retryAt > now {
 		w = min(w, d.ls.retryAt)
