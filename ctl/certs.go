@@ -28,7 +28,7 @@ type CertHost struct {
 func ParseCertHost(s string) (CertHost, error) {
 	name, sans, _ := strings.Cut(s, "=")
 	if name == "" || strings.ContainsAny(name, "/ ") {
-		return CertHost{}, fmt.Errorf("host %q: want name=ip-or-dns,...", s)
+		return CertHost{}, fmt.Errorf("host %q: want name=ip-or-dns[,ip-or-dns]", s)
 	}
 	h := CertHost{Name: name, SANs: []string{name}}
 	for _, san := range strings.Split(sans, ",") {

@@ -211,7 +211,7 @@ func (h *head) parseTarget() int {
 		end = i
 	}
 	auth := rest[:end]
-	if len(auth) == 0 || bytes.IndexAny(auth, "@%") >= 0 {
+	if len(auth) == 0 || bytes.ContainsAny(auth, "@%") {
 		// No host, userinfo (RFC 9110 §4.2.4: not to be sent), or an
 		// escaped host, which peers would decode differently.
 		return 400

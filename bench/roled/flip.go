@@ -163,7 +163,7 @@ agent: {listen: "127.0.0.1:%d"}
 	}
 	go ka()
 	if _, _, ok := waitActive(0, 30*time.Second); !ok {
-		return fmt.Errorf("A not ACTIVE within 30s (logs in %s)", *dir)
+		return fmt.Errorf("node A not ACTIVE within 30s (logs in %s)", *dir)
 	}
 	var lat []time.Duration
 	dual := 0
