@@ -58,7 +58,7 @@ bootstrap:
     retry_timeout: %[11]d
     maximum_lag_on_failover: 1048576
     # A node on an older timeline than the cluster's never races for the
-    # leader key (Patroni's default is false): without it, scenario 10 saw
+    # leader key (Patroni's default is false): without it, scenario 12 saw
     # nodea, still on timeline 1 after a pg_rewind cut short by nodeb's
     # death, promote itself onto timeline 2 again and lose the 249-292
     # writes nodeb had acknowledged there.
