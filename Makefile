@@ -16,7 +16,7 @@ help:
 	@echo "make bench  every side-by-side benchmark, one table, bench/RESULTS.md (BENCH_QUICK=1: a few minutes)"
 
 deps:
-	scripts/deps.sh test lab
+	scripts/deps.sh test lab deploy
 
 build:
 	@mkdir -p $(BIN)
@@ -31,13 +31,16 @@ vet:
 # are not stretched by other test binaries running beside them.
 LAB_PKGS := ./lab/...
 test: deps vet
-	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v '/lab')
+	$(GO) test -race -count=1 -timeout 20m $$($(GO) list ./... | grep -v -e '/lab' -e '/deploy/hosts')
 	$(GO) test -race -count=1 -short $(LAB_PKGS)
 	# hapair-lb's socket calls differ under -race (sockio_race.go): test the production ones too.
 	$(GO) test -count=1 ./lb/
 	@mkdir -p $(BIN)
 	$(GO) test -count=1 -timeout 25m -run TestLab -v ./lab/ > $(BIN)/lab-test.log 2>&1 || { tail -n 300 $(BIN)/lab-test.log; exit 1; }
 	@head -c 300000 $(BIN)/lab-test.log
+	# The deployment on five systemd hosts (deploy/hosts): alone too, after the lab.
+	HAPAIR_DEPLOY_LOG_DIR=$(CURDIR)/$(BIN)/deploy-logs $(GO) test -race -count=1 -timeout 25m -run TestDeploySystemd -v ./deploy/hosts/ > $(BIN)/deploy-test.log 2>&1 || { tail -n 300 $(BIN)/deploy-test.log; exit 1; }
+	@grep -E 'FIGURE|^(---|===|ok|FAIL|PASS)' $(BIN)/deploy-test.log
 
 demo: build
 	scripts/deps.sh lab

@@ -33,7 +33,7 @@ const (
 	testInv    = "tests/inventory" // relative to ansibleDir
 )
 
-var playbooks = []string{"site.yml", "etcd.yml", "patroni.yml", "roled.yml", "lb.yml"}
+var playbooks = []string{"site.yml", "etcd.yml", "patroni.yml", "roled.yml", "lb.yml", "ctl.yml"}
 
 // need skips the test when a tool of a Debian package is missing (CI
 // installs them all, so there the test runs).
@@ -102,7 +102,7 @@ func TestAnsibleSyntax(t *testing.T) {
 }
 
 // binaries are the hapair binaries the roles install, by role.
-var binaries = []string{"hapair-witness", "hapair-roled", "hapair-lb"}
+var binaries = []string{"hapair-witness", "hapair-roled", "hapair-lb", "hapairctl"}
 
 // buildBinaries builds each binary into dir. One that does not build (yet)
 // is replaced by a stub that accepts every config, and reported in the
@@ -396,15 +396,18 @@ var expected = map[string][]string{
 		"etc/patroni/config.yml", "usr/local/bin/hapair-check-patroni-config",
 		"var/lib/hapair/witness", "var/lib/hapair/sync", "var/lib/app-ha",
 		"srv/app/uploads", "srv/app/config",
+		"usr/local/bin/hapairctl", "etc/hapair/ctl.yaml",
 	},
 	"witness": {
 		"usr/local/bin/hapair-witness", "etc/hapair/witness.yaml",
 		"etc/hapair/tls/node.pem", "etc/systemd/system/hapair-witness.service",
 		"var/lib/hapair/witness",
+		"usr/local/bin/hapairctl", "etc/hapair/ctl.yaml",
 	},
 	"lb1": {
 		"usr/local/bin/hapair-lb", "etc/hapair/lb.yaml", "etc/hapair/tls/node.pem",
 		"etc/systemd/system/hapair-lb.service",
+		"usr/local/bin/hapairctl", "etc/hapair/ctl.yaml",
 	},
 }
 
@@ -521,6 +524,9 @@ var configs = []struct{ host, file, bin string }{
 	{"A", "etc/hapair/roled.yaml", "hapair-roled"},
 	{"B", "etc/hapair/roled.yaml", "hapair-roled"},
 	{"lb1", "etc/hapair/lb.yaml", "hapair-lb"},
+	{"A", "etc/hapair/ctl.yaml", "hapairctl"},
+	{"witness", "etc/hapair/ctl.yaml", "hapairctl"},
+	{"lb1", "etc/hapair/ctl.yaml", "hapairctl"},
 }
 
 func (c *converge) checkConfigs(t *testing.T) {
