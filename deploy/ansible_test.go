@@ -494,6 +494,34 @@ func (c *converge) checkRendered(t *testing.T) {
 			t.Errorf("%s: initial-cluster has %d members, want 3", host, n)
 		}
 	}
+	// Patroni's unsafe REST endpoints need credentials (issue 18: anyone
+	// reaching :8008 could POST /switchover or /reinitialize).
+	auth, _ := readYAML(t, c.path("A", "etc/patroni/config.yml"))["restapi"].(map[string]any)["authentication"].(map[string]any)
+	if auth["username"] != "patroni" || auth["password"] != "test-restapi" {
+		t.Errorf("A: restapi.authentication = %v, want patroni/test-restapi", auth)
+	}
+	// hapairctl's config: every data node with the REST credentials, the
+	// witness named, the balancer's admin JSON only where it listens.
+	for host, admin := range map[string]string{"A": "", "witness": "", "lb1": "http://127.0.0.1:7480"} {
+		p := c.path(host, "etc/hapair/ctl.yaml")
+		cy := readYAML(t, p)
+		nodes, _ := cy["nodes"].([]any)
+		if len(nodes) != 2 || nodes[0].(map[string]any)["patroni-url"] != "http://patroni:test-restapi@127.0.10.11:8008" ||
+			nodes[1].(map[string]any)["roled-url"] != "http://127.0.10.12:7400" {
+			t.Errorf("%s: ctl.yaml nodes = %v", host, nodes)
+		}
+		if got := cy["lb"].(map[string]any)["admin-url"]; got != admin {
+			t.Errorf("%s: ctl.yaml lb.admin-url = %v, want %q", host, got, admin)
+		}
+		if !equalAny(cy["witness-names"], []any{"witness"}) || len(cy["etcd"].(map[string]any)["endpoints"].([]any)) != 3 {
+			t.Errorf("%s: ctl.yaml witness-names %v, etcd %v", host, cy["witness-names"], cy["etcd"])
+		}
+		if fi, err := os.Stat(p); err != nil {
+			t.Error(err)
+		} else if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: ctl.yaml mode %v, want 0600: it holds the REST API password", host, fi.Mode().Perm())
+		}
+	}
 	r := readYAML(t, c.path("A", "etc/hapair/roled.yaml"))
 	if peer := r["sync"].(map[string]any)["peer"]; peer != "127.0.10.12:7402" {
 		t.Errorf("A: sync.peer = %v, want B's 127.0.10.12:7402", peer)
