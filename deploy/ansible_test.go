@@ -272,7 +272,7 @@ func (c *converge) site() (string, error) {
 	res := make(chan result, len(limits))
 	for _, l := range limits {
 		go func() {
-			out, err := run(c.t, ansibleDir, c.env, 10*time.Minute, c.ap, "-i", testInv, "site.yml", "--limit", l)
+			out, err := run(c.t, ansibleDir, c.env, 20*time.Minute, c.ap, "-i", testInv, "site.yml", "--limit", l)
 			res <- result{out, err}
 		}()
 	}
@@ -291,7 +291,7 @@ func (c *converge) site() (string, error) {
 // play runs a playbook against the test inventory.
 func (c *converge) play(args ...string) (string, error) {
 	c.t.Helper()
-	return run(c.t, ansibleDir, c.env, 10*time.Minute, c.ap, append([]string{"-i", testInv}, args...)...)
+	return run(c.t, ansibleDir, c.env, 20*time.Minute, c.ap, append([]string{"-i", testInv}, args...)...)
 }
 
 var recapRE = regexp.MustCompile(`(?m)^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)`)

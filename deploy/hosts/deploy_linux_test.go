@@ -205,6 +205,11 @@ func TestDeploySystemd(t *testing.T) {
 		t.Fatalf("boot: %v", err)
 	}
 	fig.add("boot 5 hosts (running)", time.Since(t0))
+	for _, h := range c.Hosts {
+		if h.Degraded != "" {
+			t.Logf("%s booted degraded: %s", h.Name, h.Degraded)
+		}
+	}
 
 	t0 = time.Now()
 	out, err := c.Play(ctx, controller, CtlInventory, playLog(t, "site-1"), "site.yml")
