@@ -356,7 +356,11 @@ func playLog(t *testing.T, name string) io.Writer {
 // key, and puts the test application on the data nodes.
 func stage(t *testing.T, ctx context.Context, c *Cluster) {
 	t.Helper()
-	root, err := lab.ModuleRoot(".")
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := lab.ModuleRoot(wd)
 	if err != nil {
 		t.Fatal(err)
 	}
