@@ -469,16 +469,20 @@ func healthy(st ctl.Status) []string {
 		missing = append(missing, fmt.Sprintf("patroni: %d leaders of %d members, %d streaming replicas", leaders, len(st.Patroni), streaming))
 	}
 	roles := map[string]int{}
-	epochs := map[int64]bool{}
+	var activeEpoch int64
 	for _, r := range st.Roled {
 		roles[r.Role]++
-		epochs[r.Epoch] = true
-		if r.Role == "active" && r.Sync.LagSeconds != 0 {
-			missing = append(missing, fmt.Sprintf("sync lag %.1fs on %s", r.Sync.LagSeconds, r.Node))
+		if r.Role == "active" {
+			activeEpoch = r.Epoch
+			if r.Sync.LagSeconds != 0 {
+				missing = append(missing, fmt.Sprintf("sync lag %.1fs on %s", r.Sync.LagSeconds, r.Node))
+			}
 		}
 	}
-	if roles["active"] != 1 || roles["passive"] != 1 || len(epochs) != 1 {
-		missing = append(missing, fmt.Sprintf("roled: roles %v, epochs %v", roles, epochs))
+	// The PASSIVE holds no lease: roled reports epoch 0 there. The ACTIVE's
+	// epoch must be the active key's (and, below, the balancer's).
+	if roles["active"] != 1 || roles["passive"] != 1 || st.Active == nil || activeEpoch != st.Active.Epoch {
+		missing = append(missing, fmt.Sprintf("roled: roles %v, ACTIVE epoch %d, active key %+v", roles, activeEpoch, st.Active))
 	}
 	if st.Active == nil {
 		missing = append(missing, "no active key")
