@@ -310,6 +310,10 @@ func TestDeploySystemd(t *testing.T) {
 	})
 
 	t.Run("drill", func(t *testing.T) {
+		// Not yet seen passing on real hosts: opt-in until it has.
+		if os.Getenv("HAPAIR_DEPLOY_DRILL") == "" {
+			t.Skip("HAPAIR_DEPLOY_DRILL=1 runs hapairctl drill through the power switch (not yet seen passing)")
+		}
 		if err := c.ServePower(ctx); err != nil {
 			t.Fatal(err)
 		}
