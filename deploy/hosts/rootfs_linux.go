@@ -87,11 +87,13 @@ func (im Image) Ensure(ctx context.Context, log io.Writer) (string, error) {
 	}
 	stale, _ := filepath.Glob(dir + ".tmp-*")
 	for _, s := range stale {
-		_ = os.RemoveAll(s)
+		if err := removeBuild(s); err != nil {
+			return "", err
+		}
 	}
 	tmp := fmt.Sprintf("%s.tmp-%d", dir, os.Getpid())
 	if err := im.build(ctx, tmp, log); err != nil {
-		_ = os.RemoveAll(tmp)
+		_ = removeBuild(tmp)
 		return "", err
 	}
 	if err := os.WriteFile(filepath.Join(tmp, ".hapair-image"), []byte(im.Key()+"\n"), 0o644); err != nil {
@@ -101,6 +103,22 @@ func (im Image) Ensure(ctx context.Context, log io.Writer) (string, error) {
 		return "", err
 	}
 	return dir, nil
+}
+
+// removeBuild deletes a build directory. A debootstrap that was killed
+// leaves its /proc (and more) mounted inside the new root: those are
+// unmounted first (seen here: a killed build kept tmp/proc mounted, and a
+// plain RemoveAll walked into it).
+func removeBuild(dir string) error {
+	ms := mounts()
+	for i := len(ms) - 1; i >= 0; i-- {
+		if strings.HasPrefix(ms[i], dir+"/") {
+			if err := syscall.Unmount(ms[i], syscall.MNT_DETACH); err != nil {
+				return fmt.Errorf("umount %s: %w", ms[i], err)
+			}
+		}
+	}
+	return os.RemoveAll(dir)
 }
 
 func done(dir string) bool {
