@@ -442,3 +442,14 @@ func TestStatusPrefersRoledReadiness(t *testing.T) {
 		t.Errorf("table lacks the stuck leader and its remedy:\n%s", buf.String())
 	}
 }
+
+// TestRedacted: a Patroni URL with REST API credentials is printed without
+// the password.
+func TestRedacted(t *testing.T) {
+	if got := redacted("http://patroni:s3cret@10.0.0.11:8008"); got != "http://patroni:xxxxx@10.0.0.11:8008" {
+		t.Errorf("redacted = %q", got)
+	}
+	if got := redacted("http://10.0.0.11:8008"); got != "http://10.0.0.11:8008" {
+		t.Errorf("redacted plain = %q", got)
+	}
+}

@@ -133,7 +133,7 @@ func assess(s Status, nodes []Node, backend string, standby StandbyReason, stand
 		r.Reasons = append(r.Reasons, msg)
 	}
 	for _, n := range s.Roled {
-		if n.Node == r.Active && n.Sync.LastError != "" { // the ACTIVE's sender
+		if n.Node == r.Active && syncErrorCurrent(n) { // the ACTIVE's sender
 			r.Reasons = append(r.Reasons, r.Active+" → "+r.Standby+" file sync: "+n.Sync.LastError)
 		}
 	}
@@ -152,4 +152,19 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// syncErrorCurrent: the ACTIVE's sender reports an error that no full
+// reconcile has come after. roled keeps its last error; one from before a
+// successful reconcile is over (a fresh deployment's first node starts
+// before its peer's receiver listens: that error stayed and status said
+// REDUNDANT no for good; found by TestDeploySystemd).
+func syncErrorCurrent(n RoledNode) bool {
+	if n.Sync.LastError == "" {
+		return false
+	}
+	if n.Sync.LastErrorAt == nil || n.Sync.LastReconcile == nil {
+		return true
+	}
+	return !n.Sync.LastReconcile.After(*n.Sync.LastErrorAt)
 }

@@ -3,6 +3,7 @@ package ctl
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hapair/hapair/roled"
 )
@@ -87,5 +88,27 @@ func TestAssess(t *testing.T) {
 		if r.Level != c.want || !strings.Contains(r.Line(), c.reason) {
 			t.Errorf("%s: %v %q, want %v with %q", c.name, r.Level, r.Line(), c.want, c.reason)
 		}
+	}
+}
+
+// TestSyncErrorCurrent: a sync error followed by a full reconcile is over.
+func TestSyncErrorCurrent(t *testing.T) {
+	t0 := time.Now()
+	t1 := t0.Add(time.Second)
+	var n RoledNode
+	if syncErrorCurrent(n) {
+		t.Error("no error counted as current")
+	}
+	n.Sync.LastError = "dial tcp: connection refused"
+	if !syncErrorCurrent(n) {
+		t.Error("an error without times is current")
+	}
+	n.Sync.LastErrorAt, n.Sync.LastReconcile = &t0, &t1
+	if syncErrorCurrent(n) {
+		t.Error("an error before a successful reconcile counted as current")
+	}
+	n.Sync.LastErrorAt, n.Sync.LastReconcile = &t1, &t0
+	if !syncErrorCurrent(n) {
+		t.Error("an error after the last reconcile is current")
 	}
 }

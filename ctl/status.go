@@ -89,6 +89,10 @@ type RoledNode struct {
 		LagSeconds       float64 `json:"lag_seconds"`
 		QuarantinedTotal uint64  `json:"quarantined_total"`
 		LastError        string  `json:"last_error"`
+		// LastErrorAt and LastReconcile tell a past error from a current
+		// one: a full reconcile after it means the peer is in sync again.
+		LastErrorAt   *time.Time `json:"last_error_at,omitempty"`
+		LastReconcile *time.Time `json:"last_reconcile,omitempty"`
 	} `json:"sync"`
 	// VIP is the floating address of roled's vip section, nil without one.
 	VIP *struct {

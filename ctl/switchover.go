@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -164,7 +165,7 @@ func (c *Client) Switchover(ctx context.Context, to string, w io.Writer) (Switch
 	// 0.3 s or more (member checks, a CHECKPOINT) before it shuts the old
 	// PostgreSQL down, and roled steps down in tens of ms. Every ms spent
 	// here is a ms more that the balancer holds requests.
-	st.Printf("switchover %s -> %s: POST %s/switchover", from, to, fromNode.PatroniURL)
+	st.Printf("switchover %s -> %s: POST %s/switchover", from, to, redacted(fromNode.PatroniURL))
 	done := make(chan error, 1)
 	go func() { done <- c.postSwitchover(ctx, fromNode, target) }()
 	if err := c.follow(ctx, st, leaders, fromNode, target, done, &res); err != nil {
@@ -310,4 +311,14 @@ func (c *Client) lbServesOnly(ctx context.Context, node string) bool {
 	st := Status{Backends: servers}
 	s := st.Serving(c.Cfg.LB.Backend)
 	return len(s) == 1 && s[0] == node
+}
+
+// redacted is u without its password (ctl.yaml may carry Patroni's REST
+// API credentials in the URL, which hapairctl must not print).
+func redacted(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return p.Redacted()
 }

@@ -33,7 +33,7 @@ const (
 	testInv    = "tests/inventory" // relative to ansibleDir
 )
 
-var playbooks = []string{"site.yml", "etcd.yml", "patroni.yml", "roled.yml", "lb.yml"}
+var playbooks = []string{"site.yml", "etcd.yml", "patroni.yml", "roled.yml", "lb.yml", "ctl.yml"}
 
 // need skips the test when a tool of a Debian package is missing (CI
 // installs them all, so there the test runs).
@@ -102,7 +102,7 @@ func TestAnsibleSyntax(t *testing.T) {
 }
 
 // binaries are the hapair binaries the roles install, by role.
-var binaries = []string{"hapair-witness", "hapair-roled", "hapair-lb"}
+var binaries = []string{"hapair-witness", "hapair-roled", "hapair-lb", "hapairctl"}
 
 // buildBinaries builds each binary into dir. One that does not build (yet)
 // is replaced by a stub that accepts every config, and reported in the
@@ -274,7 +274,7 @@ func (c *converge) site(extra ...string) (string, error) {
 	for _, l := range limits {
 		go func() {
 			args := append([]string{"-i", testInv, "site.yml", "--limit", l}, extra...)
-			out, err := run(c.t, ansibleDir, c.env, 10*time.Minute, c.ap, args...)
+			out, err := run(c.t, ansibleDir, c.env, 20*time.Minute, c.ap, args...)
 			res <- result{out, err}
 		}()
 	}
@@ -293,7 +293,7 @@ func (c *converge) site(extra ...string) (string, error) {
 // play runs a playbook against the test inventory.
 func (c *converge) play(args ...string) (string, error) {
 	c.t.Helper()
-	return run(c.t, ansibleDir, c.env, 10*time.Minute, c.ap, append([]string{"-i", testInv}, args...)...)
+	return run(c.t, ansibleDir, c.env, 20*time.Minute, c.ap, append([]string{"-i", testInv}, args...)...)
 }
 
 var recapRE = regexp.MustCompile(`(?m)^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)`)
@@ -457,15 +457,18 @@ var expected = map[string][]string{
 		"etc/patroni/config.yml", "usr/local/bin/hapair-check-patroni-config",
 		"var/lib/hapair/witness", "var/lib/hapair/sync", "var/lib/app-ha",
 		"srv/app/uploads", "srv/app/config",
+		"usr/local/bin/hapairctl", "etc/hapair/ctl.yaml",
 	},
 	"witness": {
 		"usr/local/bin/hapair-witness", "etc/hapair/witness.yaml",
 		"etc/hapair/tls/node.pem", "etc/systemd/system/hapair-witness.service",
 		"var/lib/hapair/witness",
+		"usr/local/bin/hapairctl", "etc/hapair/ctl.yaml",
 	},
 	"lb1": {
 		"usr/local/bin/hapair-lb", "etc/hapair/lb.yaml", "etc/hapair/tls/node.pem",
 		"etc/systemd/system/hapair-lb.service",
+		"usr/local/bin/hapairctl", "etc/hapair/ctl.yaml",
 	},
 }
 
@@ -552,6 +555,34 @@ func (c *converge) checkRendered(t *testing.T) {
 			t.Errorf("%s: initial-cluster has %d members, want 3", host, n)
 		}
 	}
+	// Patroni's unsafe REST endpoints need credentials (issue 18: anyone
+	// reaching :8008 could POST /switchover or /reinitialize).
+	auth, _ := readYAML(t, c.path("A", "etc/patroni/config.yml"))["restapi"].(map[string]any)["authentication"].(map[string]any)
+	if auth["username"] != "patroni" || auth["password"] != "test-restapi" {
+		t.Errorf("A: restapi.authentication = %v, want patroni/test-restapi", auth)
+	}
+	// hapairctl's config: every data node with the REST credentials, the
+	// witness named, the balancer's admin JSON only where it listens.
+	for host, admin := range map[string]string{"A": "", "witness": "", "lb1": "http://127.0.0.1:7480"} {
+		p := c.path(host, "etc/hapair/ctl.yaml")
+		cy := readYAML(t, p)
+		nodes, _ := cy["nodes"].([]any)
+		if len(nodes) != 2 || nodes[0].(map[string]any)["patroni-url"] != "http://patroni:test-restapi@127.0.10.11:8008" ||
+			nodes[1].(map[string]any)["roled-url"] != "http://127.0.10.12:7400" {
+			t.Errorf("%s: ctl.yaml nodes = %v", host, nodes)
+		}
+		if got := cy["lb"].(map[string]any)["admin-url"]; got != admin {
+			t.Errorf("%s: ctl.yaml lb.admin-url = %v, want %q", host, got, admin)
+		}
+		if !equalAny(cy["witness-names"], []any{"witness"}) || len(cy["etcd"].(map[string]any)["endpoints"].([]any)) != 3 {
+			t.Errorf("%s: ctl.yaml witness-names %v, etcd %v", host, cy["witness-names"], cy["etcd"])
+		}
+		if fi, err := os.Stat(p); err != nil {
+			t.Error(err)
+		} else if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: ctl.yaml mode %v, want 0600: it holds the REST API password", host, fi.Mode().Perm())
+		}
+	}
 	r := readYAML(t, c.path("A", "etc/hapair/roled.yaml"))
 	if peer := r["sync"].(map[string]any)["peer"]; peer != "127.0.10.12:7402" {
 		t.Errorf("A: sync.peer = %v, want B's 127.0.10.12:7402", peer)
@@ -582,6 +613,9 @@ var configs = []struct{ host, file, bin string }{
 	{"A", "etc/hapair/roled.yaml", "hapair-roled"},
 	{"B", "etc/hapair/roled.yaml", "hapair-roled"},
 	{"lb1", "etc/hapair/lb.yaml", "hapair-lb"},
+	{"A", "etc/hapair/ctl.yaml", "hapairctl"},
+	{"witness", "etc/hapair/ctl.yaml", "hapairctl"},
+	{"lb1", "etc/hapair/ctl.yaml", "hapairctl"},
 }
 
 func (c *converge) checkConfigs(t *testing.T) {

@@ -62,6 +62,9 @@ func run(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintln(e.stdout, "hapairctl", daemon.Version)
 		return 0
 	}
+	if isCheckConfig(args) {
+		return runCheckConfig(e, args)
+	}
 	c, ok := commands[args[0]]
 	if !ok {
 		fmt.Fprintf(e.stderr, "hapairctl: unknown command %q\n", args[0])

@@ -134,3 +134,41 @@ func TestDrillAsksFirst(t *testing.T) {
 		t.Fatal("a stop command ran without confirmation")
 	}
 }
+
+// TestCheckConfig: --check-config accepts a good ctl.yaml, and a bad one
+// exits 2 naming the field (Ansible's validate: relies on both).
+func TestCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	doc := "cluster: hapair\netcd: {endpoints: [\"http://127.0.0.1:2379\"]}\n" +
+		"nodes:\n  - {name: A, patroni-url: \"http://127.0.0.1:8008\", roled-url: \"http://127.0.0.1:7400\"}\n"
+	if err := os.WriteFile(good, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, out, errs := runCtl(t, "--config", good, "--check-config"); code != 0 || !strings.Contains(out, "ok") {
+		t.Fatalf("good file: exit %d, out %q, err %q", code, out, errs)
+	}
+	if code, _, _ := runCtl(t, "-t", "--config", good); code != 0 {
+		t.Fatalf("-t: exit %d", code)
+	}
+	for name, body := range map[string]string{
+		"nodes[0].patroni-url": "cluster: hapair\nnodes:\n  - {name: A, patroni-url: \"ftp://x\"}\n",
+		"nosuch":               "cluster: hapair\nnosuch: 1\n",
+		"cluster":              "cluster: \"\"\n",
+	} {
+		p := filepath.Join(dir, "bad.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, _, errs := runCtl(t, "--config", p, "--check-config")
+		if code != 2 || !strings.Contains(errs, name) {
+			t.Errorf("bad %s: exit %d, stderr %q (want 2 naming the field)", name, code, errs)
+		}
+	}
+	if code, _, _ := runCtl(t, "--config", good); code != 2 {
+		t.Errorf("--config without --check-config: exit %d, want 2 (usage)", code)
+	}
+	if code, _, _ := runCtl(t, "--check-config", "--config", filepath.Join(dir, "missing.yaml")); code != 2 {
+		t.Errorf("missing file: exit %d, want 2", code)
+	}
+}
