@@ -531,6 +531,9 @@ func (c *converge) checkRendered(t *testing.T) {
 		if dcs["ttl"] != 10 || dcs["loop_wait"] != 2 || dcs["retry_timeout"] != 3 {
 			t.Errorf("%s: dcs timings %v/%v/%v, want 10/2/3", host, dcs["ttl"], dcs["loop_wait"], dcs["retry_timeout"])
 		}
+		if dcs["check_timeline"] != true {
+			t.Errorf("%s: check_timeline = %v, want true (lab scenario 12 lost writes without it)", host, dcs["check_timeline"])
+		}
 		pg := dcs["postgresql"].(map[string]any)
 		if pg["use_pg_rewind"] != true || pg["parameters"].(map[string]any)["wal_log_hints"] != "on" {
 			t.Errorf("%s: pg_rewind/wal_log_hints not set: %v", host, pg)
