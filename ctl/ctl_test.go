@@ -236,21 +236,29 @@ func (f *fakeCluster) lb(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"backends": []map[string]any{{"name": "app", "servers": servers}}})
 }
 
-func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
-	etcd := etcdtest.New(t)
+// startFakes serves a fake Patroni (one for both members), roled a and b and
+// the balancer's admin from f, and returns a config that names them, with
+// a as the Patroni leader. The servers stop at the end of the test.
+func startFakes(t *testing.T) (*fakeCluster, Config) {
+	t.Helper()
 	f := &fakeCluster{}
 	f.leader.Store("a")
 	pat := httptest.NewServer(http.HandlerFunc(f.patroni))
-	defer pat.Close()
 	ra, rb := httptest.NewServer(f.roled("a")), httptest.NewServer(f.roled("b"))
-	defer ra.Close()
-	defer rb.Close()
 	lb := httptest.NewServer(http.HandlerFunc(f.lb))
-	defer lb.Close()
+	for _, srv := range []*httptest.Server{pat, ra, rb, lb} {
+		t.Cleanup(srv.Close)
+	}
 	cfg := DefaultConfig()
-	cfg.Etcd.Endpoints = etcd.Endpoints()
 	cfg.Nodes = []Node{{Name: "a", PatroniURL: pat.URL, RoledURL: ra.URL}, {Name: "b", PatroniURL: pat.URL, RoledURL: rb.URL}}
 	cfg.LB.AdminURL = lb.URL
+	return f, cfg
+}
+
+func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
+	etcd := etcdtest.New(t)
+	f, cfg := startFakes(t)
+	cfg.Etcd.Endpoints = etcd.Endpoints()
 	cfg.Drill.PhaseTimeout = 5 * time.Second
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -320,20 +328,9 @@ func TestStatusAndSwitchoverAgainstFakes(t *testing.T) {
 // redundant (exit code 1) instead of every member looking UNHEALTHY.
 func TestStatusRedundancyAndDeadMember(t *testing.T) {
 	etcd := etcdtest.New(t)
-	f := &fakeCluster{}
-	f.leader.Store("a")
-	pat := httptest.NewServer(http.HandlerFunc(f.patroni))
-	defer pat.Close()
-	ra, rb := httptest.NewServer(f.roled("a")), httptest.NewServer(f.roled("b"))
-	defer ra.Close()
-	defer rb.Close()
-	lb := httptest.NewServer(http.HandlerFunc(f.lb))
-	defer lb.Close()
-	cfg := DefaultConfig()
+	_, cfg := startFakes(t)
 	cfg.Etcd.Endpoints = etcd.Endpoints()
 	cfg.Timeout = time.Second
-	cfg.Nodes = []Node{{Name: "a", PatroniURL: pat.URL, RoledURL: ra.URL}, {Name: "b", PatroniURL: pat.URL, RoledURL: rb.URL}}
-	cfg.LB.AdminURL = lb.URL
 	c := NewClient(cfg, nil, nil)
 	ctx := context.Background()
 	st := c.Status(ctx)
@@ -377,20 +374,9 @@ func TestStatusRedundancyAndDeadMember(t *testing.T) {
 // lists a diverged replica as running; it names a stuck leader with its
 // remedy.
 func TestStatusPrefersRoledReadiness(t *testing.T) {
-	f := &fakeCluster{}
-	f.leader.Store("a")
-	pat := httptest.NewServer(http.HandlerFunc(f.patroni))
-	defer pat.Close()
-	ra, rb := httptest.NewServer(f.roled("a")), httptest.NewServer(f.roled("b"))
-	defer ra.Close()
-	defer rb.Close()
-	lb := httptest.NewServer(http.HandlerFunc(f.lb))
-	defer lb.Close()
-	cfg := DefaultConfig()
+	f, cfg := startFakes(t)
 	cfg.Etcd.Endpoints = []string{"127.0.0.1:1"} // etcd plays no part here
 	cfg.Timeout = 200 * time.Millisecond
-	cfg.Nodes = []Node{{Name: "a", PatroniURL: pat.URL, RoledURL: ra.URL}, {Name: "b", PatroniURL: pat.URL, RoledURL: rb.URL}}
-	cfg.LB.AdminURL = lb.URL
 	c := NewClient(cfg, nil, nil)
 	ctx := context.Background()
 
