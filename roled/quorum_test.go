@@ -66,6 +66,14 @@ func TestQuorumLossFastPassive(t *testing.T) {
 	}
 	b.pat.promote()
 	b.waitCode(t, 200, 20*time.Second)
+	// The checker's own round must have seen B's 200 before it stops
+	// (b.waitCode polls on its own: halting right after it raced the
+	// checker and left B with no first 200 at all).
+	waitFor(t, 10*time.Second, "the checker sees B's 200", func() bool {
+		oc.mu.Lock()
+		defer oc.mu.Unlock()
+		return len(oc.first200["B"]) > 0
+	})
 	oc.halt()
 	var bFirst time.Time
 	oc.mu.Lock()
