@@ -340,6 +340,56 @@ func TestDeliveryRecordDurableBeforeAnswer(t *testing.T) {
 	}
 }
 
+// Recording an entry the record already holds writes nothing: a
+// reconcile of an unchanged tree (every file confirmed again) commits
+// without a journal write or an fdatasync.
+func TestRecordSetUnchangedWritesNothing(t *testing.T) {
+	dir := t.TempDir()
+	r, err := openRecord(dir, "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := entry{Kind: 'f', Size: 1, Mtime: 2, Mode: 0o644, Ino: 3, Ctime: 4}
+	r.set("a", e)
+	if err := r.commit(); err != nil {
+		t.Fatal(err)
+	}
+	written := r.j.f
+	if written == nil {
+		t.Fatal("first set wrote no journal")
+	}
+	fi, err := written.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.set("a", e)
+	if n := len(r.j.pending); n != 0 {
+		t.Fatalf("unchanged entry left %d pending journal bytes", n)
+	}
+	if err := r.commit(); err != nil {
+		t.Fatal(err)
+	}
+	if fi2, _ := written.Stat(); fi2.Size() != fi.Size() {
+		t.Fatalf("journal grew %d -> %d bytes for an unchanged entry", fi.Size(), fi2.Size())
+	}
+	changed := e
+	changed.Ctime = 5 // a local rewrite keeping size and mtime
+	r.set("a", changed)
+	if len(r.j.pending) == 0 {
+		t.Fatal("a changed entry was not journalled")
+	}
+	if err := r.commit(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := openRecord(dir, "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.m["a"] != changed {
+		t.Fatalf("replayed %+v, want %+v", got.m["a"], changed)
+	}
+}
+
 // The journal replays over the record file whatever happened since it
 // was written, across rewrites, and stops at a torn last line.
 func TestRecordJournalReplay(t *testing.T) {

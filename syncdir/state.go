@@ -267,6 +267,13 @@ func (r *record) get(p string) (entry, bool) {
 
 func (r *record) set(p string, e entry) {
 	r.mu.Lock()
+	if old, ok := r.m[p]; ok && old == e {
+		// Already recorded (written, or pending for the next commit): a
+		// reconcile that confirms an unchanged tree writes nothing and its
+		// commit costs no fdatasync (the no-change re-run's figure).
+		r.mu.Unlock()
+		return
+	}
 	r.m[p] = e
 	r.dirty = true
 	r.j.logSet(p, e)
