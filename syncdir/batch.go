@@ -362,7 +362,14 @@ func (s *Syncer) commitBatch(rt *rootState, items []batchItem, ds *dirSet) {
 			rt.rec.set(it.q.path, e)
 		}
 	}
-	err := durable(rt, func() error { syncBatchDirs(rt, dirs); return nil })
+	var err error
+	if n := installed(dirs); rt.bySyncfs(n) && rt.journalOnFS {
+		// One syncfs makes the renames and the delivery record durable
+		// (syncBatchDirs would run the same syncfs beside an fdatasync).
+		err = rt.rec.commitWith(func() error { return syncRootFS(rt) })
+	} else {
+		err = durable(rt, func() error { syncBatchDirs(rt, dirs); return nil })
+	}
 	for _, its := range dirs {
 		for _, it := range its {
 			if it.err == nil {
@@ -432,13 +439,19 @@ func (it *batchItem) closeLinked() {
 	}
 }
 
-// syncBatchDirs makes the renames durable: one syncfs for a big batch,
-// else one fsync per directory, in parallel.
-func syncBatchDirs(rt *rootState, dirs map[*os.File][]*batchItem) {
+// installed counts the files of a batch that were given their names.
+func installed(dirs map[*os.File][]*batchItem) int {
 	n := 0
 	for _, its := range dirs {
 		n += len(its)
 	}
+	return n
+}
+
+// syncBatchDirs makes the renames durable: one syncfs for a big batch,
+// else one fsync per directory, in parallel.
+func syncBatchDirs(rt *rootState, dirs map[*os.File][]*batchItem) {
+	n := installed(dirs)
 	fail := func(its []*batchItem, err error) {
 		for _, it := range its {
 			it.err = err

@@ -206,3 +206,13 @@ func entryOfStat(st *unix.Stat_t) entry {
 	}
 	return e
 }
+
+// sameFS reports whether dir is on the file system of the open f (a
+// syncfs of f then makes dir's files durable too). Unknown counts as no.
+func sameFS(f *os.File, dir string) bool {
+	var a, b unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &a) != nil || unix.Stat(dir, &b) != nil {
+		return false
+	}
+	return a.Dev == b.Dev
+}

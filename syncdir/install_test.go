@@ -2,6 +2,7 @@ package syncdir
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -387,6 +388,59 @@ func TestRecordSetUnchangedWritesNothing(t *testing.T) {
 	}
 	if got.m["a"] != changed {
 		t.Fatalf("replayed %+v, want %+v", got.m["a"], changed)
+	}
+}
+
+// commitWith writes the journal before the caller's syncfs runs (the
+// syncfs is what makes the lines durable), holds commits off until it
+// returns, and a failed syncfs is the commit's failure.
+func TestRecordCommitWithSyncfs(t *testing.T) {
+	dir := t.TempDir()
+	r, err := openRecord(dir, "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := entry{Kind: 'f', Size: 1, Mtime: 2, Mode: 0o644, Ino: 3, Ctime: 4}
+	r.set("a", e)
+	err = r.commitWith(func() error {
+		b, err := os.ReadFile(r.j.name(r.j.gen))
+		if err != nil || !strings.Contains(string(b), `"a"`) {
+			t.Errorf("journal before the syncfs: %q, %v; want the line for a", b, err)
+		}
+		if r.fmu.TryLock() {
+			t.Error("fmu free during the syncfs: a commit could return before its lines are durable")
+			r.fmu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.j.pending) != 0 {
+		t.Fatalf("%d bytes still pending", len(r.j.pending))
+	}
+	r.set("b", e)
+	boom := errors.New("syncfs: EIO")
+	if err := r.commitWith(func() error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("commitWith = %v, want the syncfs error", err)
+	}
+	got, err := openRecord(dir, "data")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.m["a"] != e || got.m["b"] != e {
+		t.Fatalf("replayed %v", got.m)
+	}
+	root, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if !sameFS(root, dir) {
+		t.Fatal("sameFS: a directory is not on its own file system")
+	}
+	if sameFS(root, "/proc") {
+		t.Fatal("sameFS: a temp dir on /proc's file system")
 	}
 }
 

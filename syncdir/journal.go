@@ -67,6 +67,15 @@ func (j *journal) putBack(b []byte) { j.pending = append(b, j.pending...) }
 
 // write appends b to the current generation and makes it durable.
 func (j *journal) write(b []byte) error {
+	if err := j.writeNoSync(b); err != nil || len(b) == 0 {
+		return err
+	}
+	return unix.Fdatasync(int(j.f.Fd()))
+}
+
+// writeNoSync appends b without making it durable: for a caller whose
+// syncfs of the same file system follows (record.commitWith).
+func (j *journal) writeNoSync(b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
@@ -81,10 +90,8 @@ func (j *journal) write(b []byte) error {
 		}
 		j.f = f
 	}
-	if _, err := j.f.Write(b); err != nil {
-		return err
-	}
-	return unix.Fdatasync(int(j.f.Fd()))
+	_, err := j.f.Write(b)
+	return err
 }
 
 // rotate starts a new generation, drops the pending lines and returns the

@@ -48,9 +48,13 @@ type rootState struct {
 	peerURL   string
 	root      *os.Root // opened by Run
 
-	fsFD     *os.File            // the root directory, for syncfs
-	dmu      sync.Mutex          // guards dirSyncs
-	dirSyncs map[string]*dirSync // group commits: per directory, and "fs"
+	fsFD *os.File // the root directory, for syncfs
+	// journalOnFS: the record's journal is on the root's file system, so
+	// a syncfs of the root makes it durable too (batch commits fold the
+	// journal's fdatasync into their syncfs).
+	journalOnFS bool
+	dmu         sync.Mutex          // guards dirSyncs
+	dirSyncs    map[string]*dirSync // group commits: per directory, and "fs"
 
 	inQuarantine atomic.Int64 // files in the quarantine folder
 }
@@ -422,6 +426,7 @@ func (s *Syncer) openRoots() error {
 			s.closeRoots()
 			return fmt.Errorf("syncdir: root %s: %w", rt.name, err)
 		}
+		rt.journalOnFS = sameFS(rt.fsFD, s.cfg.StateDir)
 	}
 	return nil
 }
