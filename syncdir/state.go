@@ -367,20 +367,7 @@ func (r *record) replace(m map[string]entry) {
 
 // commit makes every change recorded so far durable (journal.go); a
 // commit waiting for a flush finds its changes in the rewritten record.
-func (r *record) commit() error {
-	r.fmu.Lock()
-	defer r.fmu.Unlock()
-	r.mu.Lock()
-	b := r.j.take()
-	r.mu.Unlock()
-	if err := r.j.write(b); err != nil {
-		r.mu.Lock()
-		r.j.putBack(b)
-		r.mu.Unlock()
-		return fmt.Errorf("syncdir: write record journal: %w", err)
-	}
-	return nil
-}
+func (r *record) commit() error { return r.commitThen(nil) }
 
 // commitWith makes every change recorded so far durable by syncfs, a
 // syncfs(2) of the file system the journal is on that the caller runs
@@ -388,22 +375,30 @@ func (r *record) commit() error {
 // them durable with everything else, one journal commit instead of a
 // syncfs beside an fdatasync. fmu is held until syncfs returns, so a
 // commit whose lines this one took returns only once they are durable.
-func (r *record) commitWith(syncfs func() error) error {
+// A failed syncfs fails the commit; the lines, written, are covered by the
+// journal's next fdatasync.
+func (r *record) commitWith(syncfs func() error) error { return r.commitThen(syncfs) }
+
+// commitThen writes the pending lines, then makes them durable: by the
+// journal's own fdatasync when syncfs is nil, else by syncfs.
+func (r *record) commitThen(syncfs func() error) error {
 	r.fmu.Lock()
 	defer r.fmu.Unlock()
 	r.mu.Lock()
 	b := r.j.take()
 	r.mu.Unlock()
-	if err := r.j.writeNoSync(b); err != nil {
+	write := r.j.write
+	if syncfs != nil {
+		write = r.j.writeNoSync
+	}
+	if err := write(b); err != nil {
 		r.mu.Lock()
 		r.j.putBack(b)
 		r.mu.Unlock()
 		return fmt.Errorf("syncdir: write record journal: %w", err)
 	}
-	if err := syncfs(); err != nil {
-		// Written but not known durable: the next fdatasync of the
-		// journal covers these lines too; this change is answered failed.
-		return err
+	if syncfs != nil {
+		return syncfs()
 	}
 	return nil
 }
