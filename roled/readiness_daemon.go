@@ -25,8 +25,9 @@ type readyState struct {
 
 // readinessLoopState is owned by the poll goroutine.
 type readinessLoopState struct {
-	last  Readiness
-	stuck stuckTracker
+	last     Readiness
+	stuck    stuckTracker
+	recovery recoveryTracker
 }
 
 // walReceiverQuery reads the replica's own replication state in one round
@@ -133,6 +134,7 @@ func (d *Daemon) evaluateReadiness(ctx context.Context, lv *localView) {
 				zap.String("detail", r.Detail), zap.String("was", string(rs.last.Reason)))
 		}
 	}
+	r.Recovery = rs.recovery.track(r, phaseSample{Reason: r.Reason, PatroniState: lv.patroni.State, Receiver: lv.wal.Status}, now, wall)
 	rs.last = r
 
 	ev := d.etcdView.Load()
