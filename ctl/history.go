@@ -88,8 +88,10 @@ func fmtWALLoss(e roled.HistoryEvent) string {
 		switch {
 		case w.Basis == "" && e.Kind == roled.KindFirst:
 			return "-"
-		case w.Basis == "" || w.Note == "":
+		case w.Basis == "" || w.Basis == roled.WALPending && w.Note == "":
 			return "- (not known yet)"
+		case w.Basis == roled.WALPending:
+			return "- (not known yet: " + w.Note + ")"
 		}
 		return "unknown: " + w.Note
 	}

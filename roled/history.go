@@ -304,7 +304,7 @@ func (d *Daemon) recordHistory(ctx context.Context, j historyJob) *pendingEvent 
 	} else {
 		d.followWAL(ctx, pe)
 	}
-	d.supersede(ctx, j.epoch)
+	d.supersede(ctx, j)
 	b, _ := json.Marshal(pe.ev)
 	r, err := d.cli.Put(ctx, pe.key, string(b))
 	if err != nil {
@@ -323,10 +323,13 @@ func (d *Daemon) recordHistory(ctx context.Context, j historyJob) *pendingEvent 
 }
 
 // supersede ends the wait of an older event that still waits for a standby:
-// this role change came first. Guarded by the ModRevision read, so the
-// older event's own writer and this one never overwrite each other.
-func (d *Daemon) supersede(ctx context.Context, epoch int64) {
-	p := d.cfg.prefix()
+// this role change came first. When this node was that event's standby and
+// was ready before it took over, that readiness completes the older event
+// (the previous ACTIVE may have gone before it read it). Guarded by the
+// ModRevision read, so the older event's own writer and this one never
+// overwrite each other.
+func (d *Daemon) supersede(ctx context.Context, j historyJob) {
+	p, epoch := d.cfg.prefix(), j.epoch
 	r, err := d.cli.Get(ctx, HistoryPrefix(p), clientv3.WithPrefix(), clientv3.WithLimit(2),
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend))
 	if err != nil {
@@ -337,8 +340,14 @@ func (d *Daemon) supersede(ctx context.Context, epoch int64) {
 		if string(kv.Key) >= historyKey(p, epoch) || json.Unmarshal(kv.Value, &ev) != nil || ev.Redundancy != RedundancyWaiting {
 			continue
 		}
-		ev.Redundancy = RedundancySuperseded
-		ev.RedundancyNote = fmt.Sprintf("no standby ready before the next role change (epoch %d)", epoch)
+		own := peerBeat{Node: d.cfg.Node, Updated: j.readyAt, Readiness: j.wasReady}
+		if e, done := followRedundancy(ev, ev.To, []peerBeat{own}, j.served, d.cfg.History.RedundancyTimeout); done && e.Redundancy == RedundancyReached {
+			ev = e
+			d.redundancyDone(ev)
+		} else {
+			ev.Redundancy = RedundancySuperseded
+			ev.RedundancyNote = fmt.Sprintf("no standby ready before the next role change (epoch %d)", epoch)
+		}
 		b, _ := json.Marshal(ev)
 		_, _ = d.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
 			Then(clientv3.OpPut(string(kv.Key), string(b))).Commit()
@@ -369,6 +378,7 @@ func (d *Daemon) followWAL(ctx context.Context, pe *pendingEvent) {
 	tl := d.localView.Load().status.Timeline
 	w, retry := walLoss(pe.ev.Kind, pe.ev.From == pe.ev.To, pe.prev.walOrNil(), tl, hist)
 	if retry && time.Since(pe.ev.Served) < walHistoryWait {
+		w.Basis = WALPending
 		pe.ev.WAL = w
 		return
 	}
@@ -470,6 +480,10 @@ type historyJob struct {
 	epoch  int64
 	served time.Time
 	prev   *activeSeen
+	// this node's own readiness just before it took the role, and when
+	// it was read (for the previous event's time to redundancy)
+	wasReady Readiness
+	readyAt  time.Time
 }
 
 // historyLoop records the role changes the state loop hands it and follows

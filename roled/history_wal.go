@@ -117,6 +117,9 @@ const (
 	WALPlanned WALBasis = "planned"
 	// WALUnknown: not known (Note says why).
 	WALUnknown WALBasis = "unknown"
+	// WALPending: not known yet; roled still waits for the new primary's
+	// Patroni history (at most a minute).
+	WALPending WALBasis = "pending"
 )
 
 // WALLoss is how much WAL the old ACTIVE had that the new timeline does not.
@@ -132,7 +135,9 @@ type WALLoss struct {
 }
 
 // Known is true when Bytes is a figure (exact or lower bound).
-func (w WALLoss) Known() bool { return w.Basis != WALUnknown && w.Basis != "" }
+func (w WALLoss) Known() bool {
+	return w.Basis == WALMeasured || w.Basis == WALSameNode || w.Basis == WALPlanned
+}
 
 // walLoss is the pure WAL arithmetic of a role change: the old ACTIVE's last
 // WAL position (nil if it never published one), the new primary's timeline
