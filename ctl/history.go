@@ -100,6 +100,13 @@ func fmtWALLoss(e roled.HistoryEvent) string {
 	case roled.WALMeasured:
 		s += fmt.Sprintf(" (at least: old ACTIVE at %s on timeline %d, read %s; timeline %d ends at %s on the new primary, now timeline %d)",
 			w.OldLSN, w.OldTimeline, w.OldLSNAt.Local().Format(time.TimeOnly+".000"), w.OldTimeline, w.SwitchLSN, w.NewTimeline)
+	case roled.WALReturning:
+		s += fmt.Sprintf(" (the returning %s's own WAL end %s on timeline %d, read before its rewind; timeline %d ends at %s on the new primary",
+			e.From, w.ReturningEnd, w.OldTimeline, w.OldTimeline, w.SwitchLSN)
+		if w.OldLSN != "" {
+			s += fmt.Sprintf("; its last heartbeat as ACTIVE said %s", w.OldLSN)
+		}
+		s += ")"
 	case roled.WALPlanned:
 		s += " (planned switchover)"
 	case roled.WALSameNode:

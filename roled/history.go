@@ -240,6 +240,13 @@ func followRedundancy(ev HistoryEvent, self string, beats []peerBeat, now time.T
 		if b.Node == self {
 			continue
 		}
+		if rec := b.Readiness.Recovery; b.Node == ev.From && rec != nil && rec.Diverged != nil && ev.Kind != KindFirst {
+			if w := withDiverged(ev.WAL, *rec.Diverged); w != ev.WAL {
+				ev.WAL = w
+				n := w.Bytes
+				ev.WALLostBytes = &n
+			}
+		}
 		if b.Sync != nil {
 			var q int64
 			for _, f := range b.Sync.Quarantined {
@@ -371,6 +378,10 @@ func (d *Daemon) trimHistory(ctx context.Context) {
 // followWAL tries once to settle the event's WAL loss from the local
 // Patroni (the new primary): its timeline and GET /history.
 func (d *Daemon) followWAL(ctx context.Context, pe *pendingEvent) {
+	if pe.ev.WAL.Basis == WALReturning {
+		pe.walDue = false // the returning node's own figure is better
+		return
+	}
 	var hist []TimelineSwitch
 	if h, err := d.patroni.History(ctx); err == nil {
 		hist = h
@@ -390,11 +401,20 @@ func (d *Daemon) followWAL(ctx context.Context, pe *pendingEvent) {
 	if w.Known() {
 		b := w.Bytes
 		pe.ev.WALLostBytes = &b
-		d.m.failoverWALLost.WithLabelValues(string(pe.ev.Kind)).Observe(float64(b))
-		if b > 0 {
-			d.lg.Warn("role change lost WAL", zap.String("kind", string(pe.ev.Kind)), zap.Int64("wal_lost_bytes", b),
-				zap.String("old_lsn", w.OldLSN), zap.String("switch_lsn", w.SwitchLSN))
-		}
+	}
+}
+
+// finish observes the event's final WAL figure once its following ends.
+func (d *Daemon) finish(pe *pendingEvent) {
+	w := pe.ev.WAL
+	if !w.Known() || pe.ev.Kind == KindFirst {
+		return
+	}
+	d.m.failoverWALLost.WithLabelValues(string(pe.ev.Kind)).Observe(float64(w.Bytes))
+	if w.Bytes > 0 {
+		d.lg.Warn("role change lost WAL", zap.String("kind", string(pe.ev.Kind)), zap.Int64("wal_lost_bytes", w.Bytes),
+			zap.String("basis", string(w.Basis)), zap.String("old_lsn", w.OldLSN), zap.String("switch_lsn", w.SwitchLSN),
+			zap.String("returning_end", w.ReturningEnd))
 	}
 }
 
@@ -498,9 +518,13 @@ func (d *Daemon) historyLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case j := <-d.histq:
+			if pe != nil {
+				d.finish(pe)
+			}
 			pe = d.recordHistory(ctx, j)
 		case <-t.C:
 			if pe != nil && !d.follow(ctx, pe) {
+				d.finish(pe)
 				pe = nil
 			}
 		}

@@ -193,6 +193,16 @@ func TestFollowRedundancy(t *testing.T) {
 			t.Errorf("%s:\n got %+v done %v\nwant %+v done %v", c.name, got, done, c.want, c.done)
 		}
 	}
+	// The returning old ACTIVE's own diverged range makes the WAL loss
+	// exact, even before it is ready.
+	dv := notReady
+	dv.Readiness.Recovery = &StandbyRecovery{Started: served, Diverged: &DivergedWAL{Timeline: 1, From: "0/3000060", To: "0/3000100", Bytes: 0xa0}}
+	withWAL := ev
+	withWAL.WAL = WALLoss{Basis: WALMeasured, Bytes: 0x10, OldLSN: "0/3000070", OldTimeline: 1, SwitchLSN: "0/3000060", NewTimeline: 2}
+	if got, done := followRedundancy(withWAL, "B", []peerBeat{self, dv}, served.Add(5*time.Second), time.Minute); done ||
+		got.WALLostBytes == nil || *got.WALLostBytes != 0xa0 || got.WAL.Basis != WALReturning || got.WAL.ReturningEnd != "0/3000100" {
+		t.Errorf("diverged range: %+v (%v)", got.WAL, got.WALLostBytes)
+	}
 	// Ready all along (a roled restart on the ACTIVE): redundant at once.
 	early := ready
 	early.Readiness.Since = served.Add(-time.Hour)

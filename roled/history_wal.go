@@ -117,6 +117,11 @@ const (
 	WALPlanned WALBasis = "planned"
 	// WALUnknown: not known (Note says why).
 	WALUnknown WALBasis = "unknown"
+	// WALReturning: the returning old ACTIVE's own WAL end, read by its
+	// roled before Patroni rewound it, against the same switch point: what
+	// its PostgreSQL had replayed (all it had flushed), so no longer a
+	// lower bound by a heartbeat period.
+	WALReturning WALBasis = "returning_node"
 	// WALPending: not known yet; roled still waits for the new primary's
 	// Patroni history (at most a minute).
 	WALPending WALBasis = "pending"
@@ -132,11 +137,29 @@ type WALLoss struct {
 	OldLSNAt    time.Time `json:"old_lsn_at,omitzero"`  // when the old ACTIVE's roled read it
 	SwitchLSN   string    `json:"switch_lsn,omitempty"` // where the old timeline ends in the new primary's history
 	NewTimeline int64     `json:"new_timeline,omitempty"`
+	// ReturningEnd: the returning old ACTIVE's own WAL end before its
+	// rewind (basis returning_node).
+	ReturningEnd string `json:"returning_end,omitempty"`
 }
 
 // Known is true when Bytes is a figure (exact or lower bound).
 func (w WALLoss) Known() bool {
-	return w.Basis == WALMeasured || w.Basis == WALSameNode || w.Basis == WALPlanned
+	return w.Basis == WALMeasured || w.Basis == WALSameNode || w.Basis == WALPlanned || w.Basis == WALReturning
+}
+
+// withDiverged improves w with the returning old ACTIVE's own diverged
+// range (pure): same timeline only, and never below the lower bound.
+func withDiverged(w WALLoss, dv DivergedWAL) WALLoss {
+	if w.OldTimeline != 0 && dv.Timeline != w.OldTimeline {
+		return w
+	}
+	b := dv.Bytes
+	if w.Basis == WALMeasured {
+		b = max(b, w.Bytes)
+	}
+	w.Basis, w.Note, w.Bytes = WALReturning, "", b
+	w.OldTimeline, w.SwitchLSN, w.ReturningEnd = dv.Timeline, dv.From, dv.To
+	return w
 }
 
 // walLoss is the pure WAL arithmetic of a role change: the old ACTIVE's last

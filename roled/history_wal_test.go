@@ -117,3 +117,36 @@ func TestWALLoss(t *testing.T) {
 		}
 	}
 }
+
+func TestDivergedRange(t *testing.T) {
+	hist := []TimelineSwitch{{Timeline: 1, LSN: 0x3000060}, {Timeline: 2, LSN: 0x5000000}}
+	cases := []struct {
+		own  WALPosition
+		want *DivergedWAL
+	}{
+		{WALPosition{LSN: 0x3000100, Timeline: 1}, &DivergedWAL{Timeline: 1, From: "0/3000060", To: "0/3000100", Bytes: 0xa0}},
+		{WALPosition{LSN: 0x3000000, Timeline: 1}, &DivergedWAL{Timeline: 1, From: "0/3000060", To: "0/3000000", Bytes: 0}},
+		{WALPosition{LSN: 0x6000000, Timeline: 2}, &DivergedWAL{Timeline: 2, From: "0/5000000", To: "0/6000000", Bytes: 0x1000000}},
+		{WALPosition{LSN: 0x6000000, Timeline: 3}, nil}, // the newest timeline: nothing diverged
+	}
+	for _, c := range cases {
+		got := divergedRange(c.own, hist)
+		if (got == nil) != (c.want == nil) || got != nil && *got != *c.want {
+			t.Errorf("%+v: got %+v, want %+v", c.own, got, c.want)
+		}
+	}
+	lb := WALLoss{Basis: WALMeasured, Bytes: 0x50, OldLSN: "0/30000B0", OldTimeline: 1, SwitchLSN: "0/3000060", NewTimeline: 2}
+	dv := DivergedWAL{Timeline: 1, From: "0/3000060", To: "0/3000100", Bytes: 0xa0}
+	want := lb
+	want.Basis, want.Bytes, want.ReturningEnd = WALReturning, 0xa0, "0/3000100"
+	if got := withDiverged(lb, dv); got != want {
+		t.Errorf("withDiverged: %+v, want %+v", got, want)
+	}
+	if got := withDiverged(lb, DivergedWAL{Timeline: 2, Bytes: 9}); got != lb {
+		t.Errorf("another timeline changed it: %+v", got)
+	}
+	unknown := WALLoss{Basis: WALUnknown, Note: "the old ACTIVE published no WAL position", NewTimeline: 2}
+	if got := withDiverged(unknown, dv); got.Basis != WALReturning || got.Bytes != 0xa0 || got.Note != "" || got.SwitchLSN != "0/3000060" {
+		t.Errorf("from unknown: %+v", got)
+	}
+}

@@ -38,6 +38,11 @@ type phaseSample struct {
 	Reason       StandbyReason
 	PatroniState string // Patroni's state ("running", "stopped", "starting"…)
 	Receiver     string // pg_stat_wal_receiver.status, "" when none runs
+	// For the node's own WAL end before a rewind (not used by
+	// standbyPhase): pg_last_wal_replay_lsn() and Patroni's timeline (a
+	// replica's own, from IDENTIFY_SYSTEM).
+	ReplayLSN int64
+	Timeline  int64
 }
 
 // phaseMemory is what standbyPhase remembers within one not-ready episode.
@@ -127,6 +132,36 @@ type StandbyRecovery struct {
 	Seconds float64      `json:"seconds"`         // Started → ReadyAt (or → now, in progress)
 	Phase   StandbyPhase `json:"phase,omitempty"` // current phase, in progress only
 	Phases  PhaseSplit   `json:"phases"`
+	// OwnWALEnd: the highest replay position PostgreSQL reached in this
+	// episode while it ran without streaming and before Patroni stopped it
+	// for pg_rewind: a returning former primary's own WAL end, which the
+	// rewind then throws away. Diverged: that end against where its
+	// timeline ends in the cluster's history (Patroni GET /history), the
+	// WAL this node had that the leader's timeline does not.
+	OwnWALEnd *WALPosition `json:"own_wal_end,omitempty"`
+	Diverged  *DivergedWAL `json:"diverged,omitempty"`
+}
+
+// DivergedWAL is WAL a node has on its own timeline beyond the point where
+// that timeline ends in the cluster's history: written after the other node
+// was promoted, lost to the rewind.
+type DivergedWAL struct {
+	Timeline int64  `json:"timeline"`
+	From     string `json:"from"` // where the timeline ends on the leader's history
+	To       string `json:"to"`   // this node's own WAL end
+	Bytes    int64  `json:"bytes"`
+}
+
+// divergedRange compares a node's own WAL end with the cluster's timeline
+// history (pure); nil while the history has no line for its timeline (it is
+// the newest: nothing diverged, or the history is not written yet).
+func divergedRange(own WALPosition, hist []TimelineSwitch) *DivergedWAL {
+	for _, s := range hist {
+		if s.Timeline == own.Timeline {
+			return &DivergedWAL{Timeline: own.Timeline, From: FormatLSN(s.LSN), To: FormatLSN(own.LSN), Bytes: max(0, own.LSN-s.LSN)}
+		}
+	}
+	return nil
 }
 
 // recoveryTracker folds readiness evaluations into the episode; owned by the
@@ -141,6 +176,24 @@ type recoveryTracker struct {
 	split     PhaseSplit
 	catchup   float64 // WAL catch-up counted since Patroni first ran (relabel)
 	done      *StandbyRecovery
+	stopped   bool         // Patroni stopped PostgreSQL after it ran: own WAL end final
+	own       *WALPosition // see StandbyRecovery.OwnWALEnd
+	diverged  *DivergedWAL
+	histAt    time.Duration // when the history was last asked for own
+}
+
+// wantHistory says whether the cluster's timeline history should be read
+// now for the diverged range (at most every 2 s, until found).
+func (t *recoveryTracker) wantHistory(now time.Duration) bool {
+	return t.on && t.own != nil && t.diverged == nil && (t.histAt == 0 || now-t.histAt >= 2*time.Second)
+}
+
+// noteHistory folds in the cluster's timeline history read at now.
+func (t *recoveryTracker) noteHistory(h []TimelineSwitch, now time.Duration) {
+	t.histAt = now
+	if t.own != nil {
+		t.diverged = divergedRange(*t.own, h)
+	}
 }
 
 // track folds one evaluation in and returns what to publish: the episode in
@@ -159,7 +212,8 @@ func (t *recoveryTracker) track(r Readiness, s phaseSample, now time.Duration, w
 	}
 	if r.Ready {
 		if t.on || t.done == nil {
-			rec := &StandbyRecovery{Started: t.started, ReadyAt: wall, Seconds: (now - t.startedAt).Seconds(), Phases: t.split}
+			rec := &StandbyRecovery{Started: t.started, ReadyAt: wall, Seconds: (now - t.startedAt).Seconds(), Phases: t.split,
+				OwnWALEnd: t.own, Diverged: t.diverged}
 			if !t.on {
 				rec.Started, rec.Seconds = wall, 0
 			}
@@ -176,6 +230,23 @@ func (t *recoveryTracker) track(r Readiness, s phaseSample, now time.Duration, w
 		t.split.Rewind += t.catchup
 		t.catchup = 0
 	}
+	running := s.PatroniState == "running" || s.PatroniState == "streaming"
+	if relabel || (t.mem.Ran && !running && s.Reason == StandbyNotRunning) {
+		t.stopped = true
+	}
+	if running && !t.stopped && s.Receiver != "streaming" && s.ReplayLSN > 0 && s.Timeline > 0 &&
+		(t.own == nil || s.ReplayLSN > t.own.LSN || s.Timeline != t.own.Timeline) {
+		t.own, t.diverged, t.histAt = &WALPosition{LSN: s.ReplayLSN, Timeline: s.Timeline, At: wall}, nil, 0
+	}
 	t.phase, t.mem, t.lastAt = p, mem, now
-	return &StandbyRecovery{Started: t.started, Seconds: (now - t.startedAt).Seconds(), Phase: p, Phases: t.split}
+	return &StandbyRecovery{Started: t.started, Seconds: (now - t.startedAt).Seconds(), Phase: p, Phases: t.split,
+		OwnWALEnd: t.own, Diverged: t.diverged}
+}
+
+// divergedBytes is the diverged WAL of the episode, 0 when none is known.
+func (r *StandbyRecovery) divergedBytes() int64 {
+	if r == nil || r.Diverged == nil {
+		return 0
+	}
+	return r.Diverged.Bytes
 }

@@ -95,3 +95,38 @@ func TestRecoveryTracker(t *testing.T) {
 		t.Fatalf("ready at once: %+v", r)
 	}
 }
+
+// The returning former primary's own WAL end is what it replayed while it
+// ran without streaming, before Patroni stopped it for pg_rewind; the
+// rewind's later positions do not count.
+func TestRecoveryOwnWALEnd(t *testing.T) {
+	wall0 := time.Unix(5000, 0)
+	var tr recoveryTracker
+	now := time.Duration(0)
+	step := func(r StandbyReason, s phaseSample) *StandbyRecovery {
+		now += time.Second
+		s.Reason = r
+		return tr.track(Readiness{Reason: r, Ready: r == StandbyReady}, s, now, wall0.Add(now))
+	}
+	step(StandbyNotRunning, phaseSample{PatroniState: "starting"})
+	step(StandbyNotStreaming, phaseSample{PatroniState: "running", ReplayLSN: 0x3000080, Timeline: 1})
+	if !tr.wantHistory(now) {
+		t.Fatal("no history wanted for the own WAL end")
+	}
+	tr.noteHistory([]TimelineSwitch{{Timeline: 1, LSN: 0x3000060}}, now)
+	rec := step(StandbyNotStreaming, phaseSample{PatroniState: "running", ReplayLSN: 0x3000100, Timeline: 1})
+	if rec.OwnWALEnd == nil || rec.OwnWALEnd.LSN != 0x3000100 || rec.Diverged != nil {
+		t.Fatalf("own end moved on: %+v (diverged %+v: must be read again)", rec.OwnWALEnd, rec.Diverged)
+	}
+	tr.noteHistory([]TimelineSwitch{{Timeline: 1, LSN: 0x3000060}}, now)
+	step(StandbyNotRunning, phaseSample{PatroniState: "stopped"}) // stopped for pg_rewind
+	step(StandbyNotStreaming, phaseSample{PatroniState: "running", ReplayLSN: 0x5000000, Timeline: 2})
+	rec = step(StandbyReady, phaseSample{PatroniState: "running", Receiver: "streaming", ReplayLSN: 0x5000100, Timeline: 2})
+	want := DivergedWAL{Timeline: 1, From: "0/3000060", To: "0/3000100", Bytes: 0xa0}
+	if rec.OwnWALEnd == nil || rec.OwnWALEnd.LSN != 0x3000100 || rec.Diverged == nil || *rec.Diverged != want || rec.divergedBytes() != 0xa0 {
+		t.Fatalf("done: own %+v diverged %+v, want %+v", rec.OwnWALEnd, rec.Diverged, want)
+	}
+	if tr.wantHistory(now) {
+		t.Error("history wanted after the episode")
+	}
+}
