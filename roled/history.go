@@ -183,11 +183,12 @@ const followInterval = time.Second
 // pendingEvent is the newest event this node recorded, while its figures
 // are still coming in; owned by historyLoop.
 type pendingEvent struct {
-	key    string
-	modRev int64 // of our last write: an update never clobbers another writer's
-	ev     HistoryEvent
-	prev   *activeSeen
-	walDue bool // WAL loss not final yet
+	improved map[DivergedWAL]bool // diverged ranges already taken into older events
+	key      string
+	modRev   int64 // of our last write: an update never clobbers another writer's
+	ev       HistoryEvent
+	prev     *activeSeen
+	walDue   bool // WAL loss not final yet
 }
 
 // peerBeat is the part of another node's heartbeat the history reads.
@@ -404,6 +405,46 @@ func (d *Daemon) followWAL(ctx context.Context, pe *pendingEvent) {
 	}
 }
 
+// improveOlder takes a node's diverged range into the newest older event
+// that node was the old ACTIVE of, when the range is on that event's old
+// timeline and the event has no better figure: its wait may have been
+// superseded (a short role change right after the heal of a partition)
+// before the returning node read its own WAL end.
+func (d *Daemon) improveOlder(ctx context.Context, pe *pendingEvent, node string, dv DivergedWAL) {
+	if pe.improved[dv] {
+		return
+	}
+	if pe.improved == nil {
+		pe.improved = map[DivergedWAL]bool{}
+	}
+	pe.improved[dv] = true
+	r, err := d.cli.Get(ctx, HistoryPrefix(d.cfg.prefix()), clientv3.WithPrefix(), clientv3.WithLimit(10),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend))
+	if err != nil {
+		return
+	}
+	for _, kv := range r.Kvs {
+		var ev HistoryEvent
+		if string(kv.Key) == pe.key || json.Unmarshal(kv.Value, &ev) != nil || ev.From != node || ev.Kind == KindFirst || ev.From == ev.To {
+			continue
+		}
+		w := withDiverged(ev.WAL, dv)
+		if w == ev.WAL || ev.WAL.Basis == WALReturning {
+			return
+		}
+		ev.WAL = w
+		n := w.Bytes
+		ev.WALLostBytes = &n
+		b, _ := json.Marshal(ev)
+		if _, err := d.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
+			Then(clientv3.OpPut(string(kv.Key), string(b))).Commit(); err == nil {
+			d.lg.Info("older role change completed with the returning node's diverged WAL", zap.Int64("epoch", ev.Epoch),
+				zap.String("node", node), zap.Int64("wal_lost_bytes", n))
+		}
+		return
+	}
+}
+
 // finish observes the event's final WAL figure once its following ends.
 func (d *Daemon) finish(pe *pendingEvent) {
 	w := pe.ev.WAL
@@ -449,6 +490,11 @@ func (d *Daemon) follow(ctx context.Context, pe *pendingEvent) bool {
 				var b peerBeat
 				if json.Unmarshal(kv.Value, &b) == nil {
 					beats = append(beats, b)
+				}
+			}
+			for _, b := range beats {
+				if rec := b.Readiness.Recovery; rec != nil && rec.Diverged != nil && b.Node != pe.ev.From && b.Node != d.cfg.Node {
+					d.improveOlder(ctx, pe, b.Node, *rec.Diverged)
 				}
 			}
 			var done bool

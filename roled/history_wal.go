@@ -177,6 +177,12 @@ func walLoss(kind HistoryKind, sameNode bool, old *WALPosition, newTL int64, his
 		w.Note = note
 		return w, false
 	}
+	if sameNode {
+		// The same node took the role again (a short quorum loss, a roled
+		// restart): its PostgreSQL never stopped being the primary.
+		w.Basis = WALSameNode
+		return w, false
+	}
 	if old == nil || old.LSN <= 0 || old.Timeline <= 0 {
 		return planned("the old ACTIVE published no WAL position")
 	}
@@ -184,9 +190,6 @@ func walLoss(kind HistoryKind, sameNode bool, old *WALPosition, newTL int64, his
 	switch {
 	case newTL <= 0:
 		return w, true // the local Patroni's timeline not read yet
-	case old.Timeline == newTL && sameNode:
-		w.Basis = WALSameNode
-		return w, false
 	case old.Timeline >= newTL:
 		// A promoted replica always starts a new timeline; the same (or a
 		// lower) number on the new primary means it was promoted onto a

@@ -168,7 +168,8 @@ func (d *Daemon) evaluateReadiness(ctx context.Context, lv *localView) {
 	}
 	d.unwritableSince.Store(int64(rs.stuck.since))
 	d.ready.Store(&readyState{ready: r, stuck: stuck})
-	if old == nil || old.ready.Reason != r.Reason || (old.stuck == nil) != (stuck == nil) {
+	if old == nil || old.ready.Reason != r.Reason || (old.stuck == nil) != (stuck == nil) ||
+		old.ready.Recovery.divergedBytes() != r.Recovery.divergedBytes() {
 		nudge(d.beatNow)
 	}
 }

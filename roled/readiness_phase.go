@@ -92,7 +92,10 @@ func standbyPhase(s phaseSample, m phaseMemory) (p StandbyPhase, next phaseMemor
 	default: // etcd, leader, member key, nofailover, unchecked
 		p = PhaseWaiting
 	}
-	if running {
+	// Ran counts PostgreSQL running as a replica only: a demoted primary
+	// still runs as one until Patroni stops it to restart it as a replica,
+	// and that stop is a demotion, not a stop for pg_rewind.
+	if running && s.Reason != StandbyNotReplica && s.Reason != StandbyNotInRecovery && s.Reason != StandbyIsLeader {
 		next.Ran = true
 	}
 	return p, next, relabel

@@ -37,6 +37,10 @@ func TestStandbyPhase(t *testing.T) {
 			PhaseFileSync, phaseMemory{Ran: true}, false},
 		{"no leader", phaseSample{Reason: StandbyNoLeader, PatroniState: "running"}, phaseMemory{}, PhaseWaiting, phaseMemory{Ran: true}, false},
 		{"Patroni died after running: not a rewind", phaseSample{Reason: StandbyPatroniDown}, phaseMemory{Ran: true}, PhaseStart, phaseMemory{Ran: true}, false},
+		// A switchover: the old primary still runs as one, then Patroni
+		// stops it to start it as a replica: a restart, not a rewind.
+		{"demoted primary still running", phaseSample{Reason: StandbyNotReplica, PatroniState: "running"}, phaseMemory{}, PhaseStart, phaseMemory{}, false},
+		{"demoted primary stopped", phaseSample{Reason: StandbyNotRunning, PatroniState: "stopped"}, phaseMemory{}, PhaseStart, phaseMemory{}, false},
 	}
 	for _, c := range cases {
 		p, next, relabel := standbyPhase(c.s, c.m)
