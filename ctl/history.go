@@ -39,22 +39,101 @@ func (c *Client) History(ctx context.Context) ([]roled.HistoryEvent, error) {
 	return out, nil
 }
 
-// WriteHistory prints the events as a table.
+// WriteHistory prints each event as a block: the role change on its first
+// line, then every figure with its unit ("-" where it is not known yet).
 func WriteHistory(w io.Writer, evs []roled.HistoryEvent) error {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVED\tKIND\tFROM\tTO\tEPOCH\tNO ACTIVE FOR\tOLD ACTIVE'S REASON")
-	for _, e := range evs {
-		from, gap, reason := "-", "-", "-"
+	ts := func(t time.Time) string { return t.Local().Format(time.DateTime + ".000") }
+	clock := func(t time.Time) string { return t.Local().Format(time.TimeOnly + ".000") }
+	for i, e := range evs {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		from := "-"
 		if e.From != "" {
 			from = fmt.Sprintf("%s (%d)", e.From, e.FromEpoch)
 		}
-		if e.GapSeconds > 0 {
-			gap = fmt.Sprintf("%.2f s", e.GapSeconds)
+		fmt.Fprintf(w, "%s  %s  %s → %s (%d)\n", ts(e.Served), e.Kind, from, e.To, e.Epoch)
+		tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		line := func(k, v string) { fmt.Fprintf(tw, "  %s\t%s\n", k, v) }
+		gap := "-"
+		if !e.OldStopped.IsZero() {
+			gap = fmt.Sprintf("%.2f s (old ACTIVE stopped %s, new served %s)", e.GapSeconds, clock(e.OldStopped), clock(e.Served))
 		}
+		line("no ACTIVE for", gap)
 		if e.Reason != "" {
-			reason = e.Reason
+			line("old ACTIVE's reason", e.Reason)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.Served.Local().Format(time.DateTime+".000"), e.Kind, from, e.To, e.Epoch, gap, reason)
+		line("WAL lost", fmtWALLoss(e))
+		q := "-"
+		if e.QuarantinedFiles != nil {
+			q = fmt.Sprintf("%d files (the returning node's, under epoch %d)", *e.QuarantinedFiles, e.Epoch)
+		}
+		line("files quarantined", q)
+		line("redundant after", fmtRedundancy(e, clock))
+		if r := e.StandbyRecovery; r != nil {
+			p := r.Phases
+			line("standby recovery", fmt.Sprintf("%.1f s from %s: start %.1f s, rewind %.1f s, WAL catch-up %.1f s, file sync %.1f s, waiting %.1f s",
+				r.Seconds, clock(r.Started), p.Start, p.Rewind, p.WALCatchup, p.FileSync, p.Waiting))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
-	return tw.Flush()
+	return nil
+}
+
+func fmtWALLoss(e roled.HistoryEvent) string {
+	w := e.WAL
+	if e.WALLostBytes == nil {
+		switch {
+		case w.Basis == "" && e.Kind == roled.KindFirst:
+			return "-"
+		case w.Basis == "" || w.Basis == roled.WALPending && w.Note == "":
+			return "- (not known yet)"
+		case w.Basis == roled.WALPending:
+			return "- (not known yet: " + w.Note + ")"
+		}
+		return "unknown: " + w.Note
+	}
+	s := fmtBytes(*e.WALLostBytes)
+	switch w.Basis {
+	case roled.WALMeasured:
+		s += fmt.Sprintf(" (at least: old ACTIVE at %s on timeline %d, read %s; timeline %d ends at %s on the new primary, now timeline %d)",
+			w.OldLSN, w.OldTimeline, w.OldLSNAt.Local().Format(time.TimeOnly+".000"), w.OldTimeline, w.SwitchLSN, w.NewTimeline)
+	case roled.WALReturning:
+		s += fmt.Sprintf(" (the returning %s's own WAL end %s on timeline %d, read before its rewind; timeline %d ends at %s on the new primary",
+			e.From, w.ReturningEnd, w.OldTimeline, w.OldTimeline, w.SwitchLSN)
+		if w.OldLSN != "" {
+			s += fmt.Sprintf("; its last heartbeat as ACTIVE said %s", w.OldLSN)
+		}
+		s += ")"
+	case roled.WALPlanned:
+		s += " (planned switchover)"
+	case roled.WALSameNode:
+		s += " (same node, same timeline)"
+	}
+	return s
+}
+
+func fmtRedundancy(e roled.HistoryEvent, clock func(time.Time) string) string {
+	switch e.Redundancy {
+	case roled.RedundancyReached:
+		return fmt.Sprintf("%.1f s (%s ready at %s)", e.RedundancySeconds, e.Standby, clock(e.RedundantAt))
+	case roled.RedundancyWaiting:
+		return "- (waiting for a ready standby)"
+	case "":
+		return "-"
+	}
+	return fmt.Sprintf("%s: %s", e.Redundancy, e.RedundancyNote)
+}
+
+// fmtBytes shows a byte count with its unit, exact below 1 KiB.
+func fmtBytes(b int64) string {
+	switch {
+	case b < 1<<10:
+		return fmt.Sprintf("%d B", b)
+	case b < 1<<20:
+		return fmt.Sprintf("%.1f KiB (%d B)", float64(b)/(1<<10), b)
+	}
+	return fmt.Sprintf("%.1f MiB (%d B)", float64(b)/(1<<20), b)
 }

@@ -314,8 +314,8 @@ func DrillsBackToBack(ctx context.Context, l *Lab, r *Result) {
 		r.fail("%d acknowledged files silently lost, %d overwritten", len(a.LostFiles), len(a.Overwritten))
 	}
 	// The new ACTIVE's roled recorded every role change: the switchover,
-	// then a failover per kill.
-	evs, herr := l.Ctl().History(ctx)
+	// then a failover per kill, each with its figures once they are in.
+	evs, herr := historySettled(ctx, l, len(before), 1+len(phases), 120*time.Second)
 	if herr != nil {
 		r.fail("hapairctl history: %v", herr)
 		return
@@ -331,13 +331,59 @@ func DrillsBackToBack(ctx context.Context, l *Lab, r *Result) {
 	if want := 1 + len(phases); len(added) != want || (len(added) > 0 && added[0].Kind != roled.KindSwitchover) {
 		r.fail("history recorded %v, want a switchover and %d failovers", kinds, len(phases))
 	}
-	for _, e := range added[min(1, len(added)):] {
-		if e.Kind != roled.KindFailover {
+	for i, e := range added {
+		if i > 0 && e.Kind != roled.KindFailover {
 			r.fail("history recorded %v, want a failover for each kill", kinds)
 			break
 		}
-		r.secs(fmt.Sprintf("history, %s → %s: no ACTIVE for", e.From, e.To), time.Duration(e.GapSeconds*float64(time.Second)))
+		name := fmt.Sprintf("history %d, %s %s → %s", i, e.Kind, e.From, e.To)
+		r.secs(name+": no ACTIVE for", time.Duration(e.GapSeconds*float64(time.Second)))
+		if e.WALLostBytes == nil {
+			r.fail("%s: WAL lost not known (%s: %s)", name, e.WAL.Basis, e.WAL.Note)
+		} else {
+			r.fig(name+": WAL lost", float64(*e.WALLostBytes), "B")
+		}
+		if e.QuarantinedFiles == nil {
+			r.fail("%s: files quarantined not recorded", name)
+		} else {
+			r.fig(name+": files quarantined", float64(*e.QuarantinedFiles), "")
+		}
+		if e.Redundancy != roled.RedundancyReached || e.StandbyRecovery == nil {
+			r.fail("%s: not redundant in the history (%s: %s)", name, e.Redundancy, e.RedundancyNote)
+			continue
+		}
+		r.secs(name+": time to redundancy (served → standby ready)", time.Duration(e.RedundancySeconds*float64(time.Second)))
+		sr := e.StandbyRecovery
+		r.secs(name+": standby recovery (roled start or not ready → ready)", time.Duration(sr.Seconds*float64(time.Second)))
+		for _, ph := range []struct {
+			n string
+			v float64
+		}{{"start", sr.Phases.Start}, {"rewind", sr.Phases.Rewind}, {"WAL catch-up", sr.Phases.WALCatchup},
+			{"file sync", sr.Phases.FileSync}, {"waiting", sr.Phases.Waiting}} {
+			r.secs(name+": standby "+ph.n, time.Duration(ph.v*float64(time.Second)))
+		}
 	}
+}
+
+// historySettled reads the history until the events after the first skip
+// number want and none of them waits for its figures (a ready standby, the
+// WAL loss), within timeout; then it returns what it has.
+func historySettled(ctx context.Context, l *Lab, skip, want int, timeout time.Duration) ([]roled.HistoryEvent, error) {
+	var evs []roled.HistoryEvent
+	var err error
+	poll(ctx, timeout, 500*time.Millisecond, func() bool {
+		evs, err = l.Ctl().History(ctx)
+		if err != nil || len(evs) < skip+want {
+			return false
+		}
+		for _, e := range evs[skip:] {
+			if e.Redundancy == roled.RedundancyWaiting || e.WAL.Basis == roled.WALPending {
+				return false
+			}
+		}
+		return true
+	})
+	return evs, err
 }
 
 // staleFiles counts files whose content names a node that is not the one the

@@ -60,6 +60,10 @@ type Config struct {
 // HistoryConfig bounds the failover history under <key-prefix>history/.
 type HistoryConfig struct {
 	Keep int `yaml:"keep"` // events kept, the newest (default 100)
+	// RedundancyTimeout: how long the new ACTIVE waits for a ready standby
+	// after a role change before it records "not redundant after …" in the
+	// event (default 30m). A newer role change ends the wait earlier.
+	RedundancyTimeout time.Duration `yaml:"redundancy-timeout"`
 }
 
 // PatroniConfig says where the local Patroni is and how its keys are named.
@@ -169,7 +173,7 @@ func DefaultConfig() Config {
 			Interval:            time.Second,
 		},
 		PHPFPM:    FPMConfig{Interval: 5 * time.Second, Timeout: time.Second},
-		History:   HistoryConfig{Keep: 100},
+		History:   HistoryConfig{Keep: 100, RedundancyTimeout: 30 * time.Minute},
 		Readiness: DefaultReadiness(),
 		Sync:      syncdir.DefaultConfig(),
 		VIP:       vip.Default(),
@@ -316,6 +320,9 @@ func (c Config) validateOutputs() error {
 	}
 	if c.History.Keep < 1 {
 		return config.Errorf("history.keep", c.History.Keep, "must be at least 1")
+	}
+	if c.History.RedundancyTimeout <= 0 {
+		return config.Errorf("history.redundancy-timeout", c.History.RedundancyTimeout, "must be positive")
 	}
 	f := c.PHPFPM
 	if f.URL != "" {

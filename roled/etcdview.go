@@ -31,6 +31,9 @@ type etcdView struct {
 	// previous read; empty while this node is the ACTIVE).
 	leaderMember LeaderMember
 	peerSync     PeerSync
+	// The ACTIVE peer's epoch and WAL end from its heartbeat (history).
+	peerEpoch int64
+	peerWAL   *WALPosition
 }
 
 // activeValue is the JSON of the active key.
@@ -176,6 +179,7 @@ func (d *Daemon) readOnce(ctx context.Context) {
 	if len(r) > 6 {
 		if kv := firstKV(r[6].GetResponseRange().Kvs); kv != nil {
 			v.peerSync = parsePeerSync(kv.Value)
+			v.peerEpoch, v.peerWAL = parsePeerWAL(kv.Value)
 		}
 	}
 	if t, err := d.findTakeover(tctx, leaderKV); err != nil {

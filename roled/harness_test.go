@@ -43,9 +43,14 @@ type fakePatroni struct {
 	primary bool // /primary 200 and role master
 	garbage bool // answer with a non-Patroni body
 	hang    bool // accept, never answer
-	lease   clientv3.LeaseID
-	stopKA  context.CancelFunc
-	served  atomic.Int64
+	// timeline, WAL location and GET /history body (defaults 1, 50331744,
+	// []), for the failover history's WAL arithmetic
+	timeline int64
+	location int64
+	history  string
+	lease    clientv3.LeaseID
+	stopKA   context.CancelFunc
+	served   atomic.Int64
 }
 
 func newFakePatroni(t testing.TB, cli *clientv3.Client, member, scope string) *fakePatroni {
@@ -110,7 +115,10 @@ func (p *fakePatroni) handle(c net.Conn) {
 		_, _ = io.Copy(io.Discard, br) // until the client gives up
 		return
 	}
-	code, body := p.answer(path, primary)
+	p.mu.Lock()
+	tl, loc, hist := p.timeline, p.location, p.history
+	p.mu.Unlock()
+	code, body := p.answer(path, primary, tl, loc, hist)
 	if garbage {
 		code, body = 200, "<html>502 Bad Gateway</html>"
 	}
@@ -123,14 +131,25 @@ func (p *fakePatroni) handle(c net.Conn) {
 		status, time.Now().UTC().Format(http.TimeFormat), body)
 }
 
-func (p *fakePatroni) answer(path string, primary bool) (int, string) {
-	role := "replica"
-	xlog := `{"received_location": 50331744, "replayed_location": 50331744, "replayed_timestamp": null, "paused": false}`
-	if primary {
-		role, xlog = "master", `{"location": 50331744}`
+func (p *fakePatroni) answer(path string, primary bool, tl, loc int64, hist string) (int, string) {
+	if tl == 0 {
+		tl = 1
 	}
-	doc := fmt.Sprintf(`{"state": "running", "postmaster_start_time": "2026-11-30 03:15:47.161331+00:00", "role": %q, "server_version": 150020, "xlog": %s, "timeline": 1, "dcs_last_seen": 1796008581, "database_system_identifier": "7713797969606798174", "patroni": {"version": "3.0.2", "scope": "hapair"}}`, role, xlog)
+	if loc == 0 {
+		loc = 50331744
+	}
+	if hist == "" {
+		hist = "[]"
+	}
+	role := "replica"
+	xlog := fmt.Sprintf(`{"received_location": %d, "replayed_location": %d, "replayed_timestamp": null, "paused": false}`, loc, loc)
+	if primary {
+		role, xlog = "master", fmt.Sprintf(`{"location": %d}`, loc)
+	}
+	doc := fmt.Sprintf(`{"state": "running", "postmaster_start_time": "2026-11-30 03:15:47.161331+00:00", "role": %q, "server_version": 150020, "xlog": %s, "timeline": %d, "dcs_last_seen": 1796008581, "database_system_identifier": "7713797969606798174", "patroni": {"version": "3.0.2", "scope": "hapair"}}`, role, xlog, tl)
 	switch {
+	case path == "/history":
+		return 200, hist
 	case path == "/config":
 		return 200, `{"ttl": 10, "loop_wait": 2, "retry_timeout": 3}`
 	case path == "/patroni":

@@ -209,6 +209,9 @@ type heartbeat struct {
 
 	Readiness   Readiness    `json:"readiness"`
 	StuckLeader *StuckLeader `json:"stuck_leader,omitempty"`
+	// WAL: the primary's WAL end while this node is ACTIVE, for the next
+	// ACTIVE's wal_lost_bytes (history_wal.go).
+	WAL *WALPosition `json:"wal,omitempty"`
 }
 
 // heartbeatLoop writes nodes/<node> on the lease every heartbeat-interval and
@@ -232,7 +235,7 @@ func (d *Daemon) heartbeatLoop(ctx context.Context) error {
 		b, _ := json.Marshal(heartbeat{Node: st.Node, Role: st.Role, Epoch: st.Epoch, Since: st.Since,
 			Reason: st.Reason, Patroni: st.Patroni, Sync: st.Sync, VIP: st.VIP,
 			Takeover: d.etcdView.Load().takeoverBlocks(d.cfg.member()), Updated: time.Now().UTC(),
-			Readiness: st.Readiness, StuckLeader: st.StuckLeader})
+			Readiness: st.Readiness, StuckLeader: st.StuckLeader, WAL: d.walPosition(st)})
 		tctx, cancel := context.WithTimeout(ctx, time.Second)
 		_, err := d.cli.Put(tctx, d.nodeKey(), string(b), clientv3.WithLease(clientv3.LeaseID(l.id)))
 		cancel()

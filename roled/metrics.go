@@ -12,19 +12,22 @@ const ns, sub = "hapair", "roled"
 type Metrics struct {
 	reg *prometheus.Registry
 
-	transitions         *prometheus.CounterVec
-	failoverDuration    *prometheus.HistogramVec
-	patroniDuration     prometheus.Histogram
-	patroniErrors       *prometheus.CounterVec
-	postgresErrors      prometheus.Counter
-	keepaliveFailures   prometheus.Counter
-	quorumCheckFailures prometheus.Counter
-	leaseGrants         prometheus.Counter
-	etcdReadErrors      prometheus.Counter
-	hookRuns            *prometheus.CounterVec
-	takeovers           prometheus.Counter
-	agentRequests       *prometheus.CounterVec
-	fpmErrors           prometheus.Counter
+	transitions          *prometheus.CounterVec
+	failoverDuration     *prometheus.HistogramVec
+	failoverWALLost      *prometheus.HistogramVec
+	failoverRedundancy   *prometheus.HistogramVec
+	failoverNotRedundant prometheus.Counter
+	patroniDuration      prometheus.Histogram
+	patroniErrors        *prometheus.CounterVec
+	postgresErrors       prometheus.Counter
+	keepaliveFailures    prometheus.Counter
+	quorumCheckFailures  prometheus.Counter
+	leaseGrants          prometheus.Counter
+	etcdReadErrors       prometheus.Counter
+	hookRuns             *prometheus.CounterVec
+	takeovers            prometheus.Counter
+	agentRequests        *prometheus.CounterVec
+	fpmErrors            prometheus.Counter
 }
 
 func name(n string) string { return prometheus.BuildFQName(ns, sub, n) }
@@ -65,9 +68,22 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 	m.failoverDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "hapair_failover_duration_seconds",
 		Help:    "Time without an ACTIVE node in a role change, by kind (switchover, demotion, failover), as recorded in the history.",
 		Buckets: []float64{.05, .1, .25, .5, 1, 2, 3, 5, 8, 13, 20, 30, 60}}, []string{"kind"})
-	reg.MustRegister(m.failoverDuration)
+	// One observation per role change whose WAL loss is known (history
+	// wal_lost_bytes): buckets from nothing through one WAL page (8 KiB) and
+	// one segment (16 MiB) to 1 GiB.
+	m.failoverWALLost = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "hapair_failover_wal_lost_bytes",
+		Help:    "WAL the old ACTIVE had beyond the new timeline's switch point (a lower bound), per role change, by kind, as recorded in the history.",
+		Buckets: []float64{0, 8 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30}}, []string{"kind"})
+	m.failoverRedundancy = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "hapair_failover_redundancy_seconds",
+		Help:    "Time from serving after a role change until the standby reported ready, by kind, as recorded in the history.",
+		Buckets: []float64{1, 2, 5, 10, 15, 20, 30, 45, 60, 120, 300, 600, 1800}}, []string{"kind"})
+	m.failoverNotRedundant = prometheus.NewCounter(prometheus.CounterOpts{Name: "hapair_failover_not_redundant_total",
+		Help: "Role changes after which no standby was ready within history.redundancy-timeout."})
+	reg.MustRegister(m.failoverDuration, m.failoverWALLost, m.failoverRedundancy, m.failoverNotRedundant)
 	for _, k := range []HistoryKind{KindSwitchover, KindDemotion, KindFailover} {
 		m.failoverDuration.WithLabelValues(string(k))
+		m.failoverWALLost.WithLabelValues(string(k))
+		m.failoverRedundancy.WithLabelValues(string(k))
 	}
 	reg.MustRegister(m.transitions, m.patroniDuration, m.patroniErrors, m.postgresErrors,
 		m.keepaliveFailures, m.quorumCheckFailures, m.leaseGrants, m.etcdReadErrors, m.hookRuns, m.takeovers,

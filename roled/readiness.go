@@ -97,6 +97,9 @@ type Readiness struct {
 	LagSeconds float64   `json:"lag_seconds"` // since the last replayed transaction, 0 when all received WAL is replayed
 	Timeline   int64     `json:"timeline"`    // timeline the WAL receiver streams (0: none)
 	Sender     string    `json:"sender,omitempty"`
+	// Recovery: the not-ready episode in progress, or the last one once
+	// ready, split by phase (readiness_phase.go); nil while ACTIVE.
+	Recovery *StandbyRecovery `json:"recovery,omitempty"`
 }
 
 // Text is "reason (detail)", for logs and hapairctl.

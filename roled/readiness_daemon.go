@@ -3,6 +3,7 @@ package roled
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"time"
@@ -25,8 +26,9 @@ type readyState struct {
 
 // readinessLoopState is owned by the poll goroutine.
 type readinessLoopState struct {
-	last  Readiness
-	stuck stuckTracker
+	last     Readiness
+	stuck    stuckTracker
+	recovery recoveryTracker
 }
 
 // walReceiverQuery reads the replica's own replication state in one round
@@ -133,6 +135,24 @@ func (d *Daemon) evaluateReadiness(ctx context.Context, lv *localView) {
 				zap.String("detail", r.Detail), zap.String("was", string(rs.last.Reason)))
 		}
 	}
+	if rs.recovery.wantHistory(now) {
+		// The diverged range needs the cluster's timeline history; any
+		// member's Patroni serves it from the DCS.
+		if h, err := d.patroni.History(ctx); err == nil {
+			rs.recovery.noteHistory(h, now)
+		}
+	}
+	r.Recovery = rs.recovery.track(r, phaseSample{Reason: r.Reason, PatroniState: lv.patroni.State, Receiver: lv.wal.Status,
+		ReplayLSN: lv.wal.ReplayLSN, Timeline: lv.status.Timeline}, now, wall)
+	if dv := r.Recovery.divergedBytes(); dv > 0 && !r.Ready {
+		dr := r.Recovery.Diverged
+		more := fmt.Sprintf("diverged: %d bytes of its own WAL beyond %s on timeline %d (to %s), lost to the rewind", dv, dr.From, dr.Timeline, dr.To)
+		if r.Detail == "" {
+			r.Detail = more
+		} else {
+			r.Detail += "; " + more
+		}
+	}
 	rs.last = r
 
 	ev := d.etcdView.Load()
@@ -148,7 +168,8 @@ func (d *Daemon) evaluateReadiness(ctx context.Context, lv *localView) {
 	}
 	d.unwritableSince.Store(int64(rs.stuck.since))
 	d.ready.Store(&readyState{ready: r, stuck: stuck})
-	if old == nil || old.ready.Reason != r.Reason || (old.stuck == nil) != (stuck == nil) {
+	if old == nil || old.ready.Reason != r.Reason || (old.stuck == nil) != (stuck == nil) ||
+		old.ready.Recovery.divergedBytes() != r.Recovery.divergedBytes() {
 		nudge(d.beatNow)
 	}
 }

@@ -139,6 +139,8 @@ func (d *Daemon) tidyPassive(ctx context.Context, o Observation, reason Reason) 
 // 200, sender. The deadline is checked before each ACTIVE-only step.
 func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
 	prev := d.hist.last() // the holder before us, before our own key shows
+	wasReady, _ := d.readiness()
+	readyAt := time.Now().UTC()
 	d.holding.Store(true)
 	epoch, err := d.acquire(ctx, o)
 	if err != nil {
@@ -187,7 +189,7 @@ func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
 	if d.sync.SetActive != nil {
 		d.sync.SetActive(epoch)
 	}
-	d.queueHistory(historyJob{epoch: epoch, served: since, prev: prev})
+	d.queueHistory(historyJob{epoch: epoch, served: since, prev: prev, wasReady: wasReady, readyAt: readyAt})
 	nudge(d.beatNow)
 }
 

@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	register(command{name: "history", summary: "every role change roled recorded: kind, from, to, epoch, time without an ACTIVE node (--json)", run: runHistory})
+	register(command{name: "history", summary: "every role change roled recorded: kind, from, to, epochs, time without an ACTIVE node, WAL lost, files quarantined, time to redundancy and its split (--json)", run: runHistory})
 }
 
 func runHistory(ctx context.Context, e *env, args []string) int {
