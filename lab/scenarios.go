@@ -724,6 +724,12 @@ func Soak(ctx context.Context, opt Options, d time.Duration, w io.Writer) error 
 		if err != nil {
 			f.Stuck = err.Error()
 			fmt.Fprintf(w, "after %s: %v\n", f.Kind, err)
+			// No more faults on a broken cluster; does it recover by itself?
+			if poll(ctx, time.Until(end), time.Second, func() bool {
+				return l.settledProblem(NodeA) == "" || l.settledProblem(NodeB) == ""
+			}) {
+				f.SelfHealed = time.Now()
+			}
 			runs = append(runs, f)
 			break
 		}
@@ -749,31 +755,37 @@ func soakFault(ctx context.Context, l *Lab) soakFaultRun {
 		leader = NodeA
 	}
 	f := soakFaultRun{Target: leader, Began: time.Now()}
+	do := func(what string, err error) {
+		if err != nil {
+			f.Errors = append(f.Errors, what+": "+err.Error())
+		}
+	}
 	switch rand.IntN(5) {
 	case 0:
 		f.Kind = "node kill"
-		_ = l.KillNode(leader)
+		do("kill", l.KillNode(leader))
 		time.Sleep(15 * time.Second)
-		_ = l.StartNode(leader)
+		do("start", l.StartNode(leader))
 	case 1:
 		f.Kind = "partition"
 		peers := []string{Other(leader), Witness}
-		_ = l.Net.Partition(leader, peers...)
+		do("partition", l.Net.Partition(leader, peers...))
 		time.Sleep(15 * time.Second)
-		_ = l.Net.Heal(leader)
+		do("heal", l.Net.Heal(leader))
 	case 2:
 		f.Kind = "patroni pause"
-		_ = l.Signal(leader, ProcPatroni, 19)
+		do("SIGSTOP", l.Signal(leader, ProcPatroni, 19))
 		time.Sleep(15 * time.Second)
-		_ = l.Signal(leader, ProcPatroni, 18)
+		do("SIGCONT", l.Signal(leader, ProcPatroni, 18))
 	case 3:
 		f.Kind, f.Target = "witness kill", Witness
-		_ = l.KillNode(Witness)
+		do("kill", l.KillNode(Witness))
 		time.Sleep(10 * time.Second)
-		_ = l.StartNode(Witness)
+		do("start", l.StartNode(Witness))
 	default:
 		f.Kind = "switchover"
-		_, _ = l.Switchover(ctx, Other(leader), io.Discard)
+		_, err := l.Switchover(ctx, Other(leader), io.Discard)
+		do("switchover", err)
 	}
 	f.Repaired = time.Now()
 	return f

@@ -41,6 +41,12 @@ type soakFaultRun struct {
 	Redundant    time.Time
 	NotRedundant string
 	Acked        bool // a takeover alarm was acknowledged (hapairctl ack)
+	// Errors of the fault's own actions (a refused switchover, a failed
+	// start): the fault may not have happened as planned.
+	Errors []string
+	// SelfHealed: after Stuck, when the cluster settled without any
+	// operator command (zero: not before the soak's planned end).
+	SelfHealed time.Time
 }
 
 // servedAgain is how long after from the pair served writes again, judged on
@@ -196,8 +202,17 @@ func writeSoakSummary(w io.Writer, r soakResult) error {
 			red = fmt.Sprintf("redundant %.1f s", f.Redundant.Sub(f.Began).Seconds())
 		}
 		fmt.Fprintf(w, "  +%-8s %-14s %-8s %s, %s\n", fmtOffset(f.Began.Sub(r.Start)), f.Kind, f.Target, served, red)
+		for _, e := range f.Errors {
+			fmt.Fprintf(w, "      fault action: %s\n", e)
+		}
 		if f.Stuck != "" {
 			fmt.Fprintf(w, "      NOT SETTLED: %s\n", f.Stuck)
+			if f.SelfHealed.IsZero() {
+				fmt.Fprintln(w, "      (still not settled at the soak's planned end; no fault injected after it)")
+			} else {
+				fmt.Fprintf(w, "      settled by itself %.1f s after the repair (no fault injected after it)\n",
+					f.SelfHealed.Sub(f.Repaired).Seconds())
+			}
 			fails = append(fails, fmt.Sprintf("not settled after the %s at +%s", f.Kind, fmtOffset(f.Began.Sub(r.Start))))
 		} else if f.Redundant.IsZero() {
 			fmt.Fprintf(w, "      NOT REDUNDANT: %s\n", f.NotRedundant)

@@ -123,7 +123,8 @@ func TestWriteSoakSummary(t *testing.T) {
 	buf.Reset()
 	err := writeSoakSummary(&buf, r)
 	if err == nil || !strings.Contains(err.Error(), "not settled after the partition at +0m40s") ||
-		!strings.Contains(buf.String(), "NOT SETTLED: not settled within 2m0s; hapairctl status: NOT SERVING — nodea: Patroni holds the leader key") {
+		!strings.Contains(buf.String(), "NOT SETTLED: not settled within 2m0s; hapairctl status: NOT SERVING — nodea: Patroni holds the leader key") ||
+		!strings.Contains(buf.String(), "still not settled at the soak's planned end") {
 		t.Errorf("unsettled fault: %v\n%s", err, buf.String())
 	}
 
