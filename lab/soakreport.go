@@ -84,12 +84,26 @@ type faultKindSummary struct {
 	Redundant    []time.Duration
 	NotRedundant int
 	Stuck        int
+	// LostRows: acknowledged writes the audit found missing from the
+	// database, among the writes that started in the faults' windows.
+	LostRows int
+}
+
+// lostIn counts the lost ids whose write started in [from, to).
+func lostIn(samples []ctl.Sample, lost map[int64]bool, from, to time.Time) int {
+	n := 0
+	for _, s := range samples {
+		if lost[s.ID] && !s.Start.Before(from) && s.Start.Before(to) {
+			n++
+		}
+	}
+	return n
 }
 
 // summarizeFaults groups the runs by kind (in first-seen order); each
 // fault's served-again window ends where the next fault began (the last
 // one's at end).
-func summarizeFaults(runs []soakFaultRun, samples []ctl.Sample, end time.Time) []faultKindSummary {
+func summarizeFaults(runs []soakFaultRun, samples []ctl.Sample, lost map[int64]bool, end time.Time) []faultKindSummary {
 	var out []faultKindSummary
 	idx := map[string]int{}
 	for i, f := range runs {
@@ -118,6 +132,7 @@ func summarizeFaults(runs []soakFaultRun, samples []ctl.Sample, end time.Time) [
 		if f.Stuck != "" {
 			s.Stuck++
 		}
+		s.LostRows += lostIn(samples, lost, f.Began, to)
 	}
 	return out
 }
@@ -161,7 +176,18 @@ func writeSoakSummary(w io.Writer, r soakResult) error {
 	fmt.Fprintf(w, "\n=== soak summary (%s planned, %s ran)\n", r.Planned.Round(time.Second), r.Ran.Round(time.Second))
 	fmt.Fprintf(w, "bounds: after each fault's repair, settled (primary + ACTIVE, replica + PASSIVE, balancer serving) within %s "+
 		"and hapairctl status REDUNDANT yes within %s\n", soakSettleBound, soakRedundantBound)
-	kinds := summarizeFaults(r.Runs, r.Samples, r.End)
+	lost := map[int64]bool{}
+	for _, id := range r.Audit.LostRows {
+		lost[id] = true
+	}
+	audited := r.LeaderErr == nil && r.AuditErr == nil
+	lostText := func(n int) string { // unknown without an audit, never 0
+		if !audited {
+			return "unknown"
+		}
+		return fmt.Sprint(n)
+	}
+	kinds := summarizeFaults(r.Runs, r.Samples, lost, r.End)
 	var names []string
 	for _, k := range kinds {
 		names = append(names, fmt.Sprintf("%d %s", k.N, k.Kind))
@@ -181,13 +207,15 @@ func writeSoakSummary(w io.Writer, r soakResult) error {
 		}
 	}
 	fmt.Fprintf(w, "takeover alarms acknowledged (hapairctl ack): %d\n", acks)
-	fmt.Fprintf(w, "%-14s %3s  %-24s %-24s %s\n", "fault", "n", "served again (med / max)", "redundant (med / max)", "not settled / not redundant / never served")
+	fmt.Fprintf(w, "%-14s %3s  %-24s %-24s %-9s %s\n", "fault", "n", "served again (med / max)", "redundant (med / max)", "rows lost",
+		"not settled / not redundant / never served")
 	for _, k := range kinds {
-		fmt.Fprintf(w, "%-14s %3d  %-24s %-24s %d / %d / %d\n", k.Kind, k.N, fmtMedianMax(k.Served), fmtMedianMax(k.Redundant),
-			k.Stuck, k.NotRedundant, k.NotServed)
+		fmt.Fprintf(w, "%-14s %3d  %-24s %-24s %-9s %d / %d / %d\n", k.Kind, k.N, fmtMedianMax(k.Served), fmtMedianMax(k.Redundant),
+			lostText(k.LostRows), k.Stuck, k.NotRedundant, k.NotServed)
 	}
 	fmt.Fprintln(w, "(served again: from the fault's start to the first write served after its last failed one, 0 when none failed; "+
-		"redundant: from the fault's start to REDUNDANT yes)")
+		"redundant: from the fault's start to REDUNDANT yes; rows lost: acknowledged writes started in the fault's window "+
+		"that the audit found missing from the database)")
 	for i, f := range r.Runs {
 		to := r.End
 		if i+1 < len(r.Runs) {
@@ -201,7 +229,8 @@ func writeSoakSummary(w io.Writer, r soakResult) error {
 		if !f.Redundant.IsZero() {
 			red = fmt.Sprintf("redundant %.1f s", f.Redundant.Sub(f.Began).Seconds())
 		}
-		fmt.Fprintf(w, "  +%-8s %-14s %-8s %s, %s\n", fmtOffset(f.Began.Sub(r.Start)), f.Kind, f.Target, served, red)
+		fmt.Fprintf(w, "  +%-8s %-14s %-8s %s, %s, acknowledged rows lost %s\n", fmtOffset(f.Began.Sub(r.Start)), f.Kind, f.Target,
+			served, red, lostText(lostIn(r.Samples, lost, f.Began, to)))
 		for _, e := range f.Errors {
 			fmt.Fprintf(w, "      fault action: %s\n", e)
 		}
