@@ -64,6 +64,14 @@ type LB struct {
 	URL       string `yaml:"url"`        // the application through the balancer
 	WritePath string `yaml:"write-path"` // drill probe: POST <url><write-path>?id=N
 	WhoPath   string `yaml:"who-path"`   // answers JSON {"node": ...} (default /health)
+	// CheckPath lets the drill prove that no acknowledged write was lost
+	// in a takeover: GET <url><check-path>?id=N must answer 200 when write
+	// N is present on the node that serves the request and 404 when it is
+	// not, with JSON {"node": ...} naming that node (as write-path's
+	// answer does). After each takeover the drill checks every write
+	// acknowledged before the stop command ran. Default empty: the check is
+	// skipped (the drill says so).
+	CheckPath string `yaml:"check-path"`
 }
 
 // Drill tunes hapairctl drill.
@@ -125,6 +133,9 @@ func (c *Config) Validate() error {
 	}
 	if err := checkURL("lb.url", c.LB.URL, false); err != nil {
 		return err
+	}
+	if c.LB.CheckPath != "" && !strings.HasPrefix(c.LB.CheckPath, "/") {
+		return config.Errorf("lb.check-path", c.LB.CheckPath, "must start with /")
 	}
 	if c.Drill.ProbeInterval <= 0 {
 		return config.Errorf("drill.probe-interval", c.Drill.ProbeInterval, "must be positive")

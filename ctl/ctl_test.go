@@ -7,11 +7,14 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,8 +49,21 @@ func TestAnalyzeDowntime(t *testing.T) {
 		t.Errorf("outages %d total %v", r.Outages, r.TotalDown)
 	}
 	two := append(append([]Sample{}, samples...), mk(400, false, ""), mk(450, true, "b"), mk(500, true, "b"), mk(550, true, "b"))
-	if r2 := Analyze(two, t0); r2.Outages != 2 || r2.TotalDown != r.Downtime+60*time.Millisecond {
-		t.Errorf("two outages: %d, total %v", r2.Outages, r2.TotalDown)
+	r2 := Analyze(two, t0)
+	if r2.Outages != 2 || r2.TotalDown != r.Downtime+60*time.Millisecond || r2.Longest != r.Downtime || r2.Downtime != r.Downtime {
+		t.Errorf("two outages: %d, total %v, longest %v, first %v", r2.Outages, r2.TotalDown, r2.Longest, r2.Downtime)
+	}
+	// The headline is the total, the longest and the count; the first
+	// outage alone never reads as the whole.
+	if got := r2.String(); !strings.Contains(got, "outage 0.270s in all, longest 0.210s, 2 outage(s)") ||
+		strings.Contains(got, "visible downtime") {
+		t.Errorf("String() = %q", got)
+	}
+	// The longest need not be the first.
+	long := append(append([]Sample{}, two...), mk(600, false, ""), mk(650, false, ""), mk(700, false, ""),
+		mk(750, false, ""), mk(800, false, ""), mk(850, false, ""), mk(900, true, "b"), mk(950, true, "b"), mk(1000, true, "b"))
+	if r3 := Analyze(long, t0); r3.Outages != 3 || r3.Longest != 310*time.Millisecond || r3.TotalDown != 580*time.Millisecond {
+		t.Errorf("three outages: %d, longest %v, total %v", r3.Outages, r3.Longest, r3.TotalDown)
 	}
 	if r.FirstOK["b"] != 160*time.Millisecond || r.PerNode["b"] != 4 {
 		t.Errorf("first ok b = %v, per node %v", r.FirstOK["b"], r.PerNode)
@@ -72,6 +88,7 @@ func TestConfigValidateNamesField(t *testing.T) {
 		"timeout":               func(c *Config) { c.Timeout = 0 },
 		"cluster":               func(c *Config) { c.Cluster = "" },
 		"lb.url":                func(c *Config) { c.LB.URL = ":80" },
+		"lb.check-path":         func(c *Config) { c.LB.CheckPath = "check" },
 		"nodes[0].patroni-url ": func(c *Config) { c.Nodes[0].PatroniURL = "" },
 	}
 	for field, mutate := range cases {
@@ -437,5 +454,111 @@ func TestRedacted(t *testing.T) {
 	}
 	if got := redacted("http://10.0.0.11:8008"); got != "http://10.0.0.11:8008" {
 		t.Errorf("redacted plain = %q", got)
+	}
+}
+
+// fakeApp is the application behind the balancer for the drill: each write
+// lands on the Patroni leader and is replicated to the other node, except
+// what the test drops; /check answers for the leader.
+type fakeApp struct {
+	f    *fakeCluster
+	mu   sync.Mutex
+	rows map[string]map[int64]bool // node → write ids present
+}
+
+func (a *fakeApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id, _ := strconv.ParseInt(r.URL.Query().Get("id"), 10, 64)
+	node := a.f.leader.Load().(string)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch r.URL.Path {
+	case "/write":
+		for _, n := range []string{"a", "b"} {
+			a.rows[n][id] = true
+		}
+	case "/check":
+		if !a.rows[node][id] {
+			w.WriteHeader(http.StatusNotFound)
+		}
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"node": node, "id": id})
+}
+
+// lose removes node's first write (asynchronous replication lost it).
+func (a *fakeApp) lose(node string) int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	first := int64(-1)
+	for id := range a.rows[node] {
+		if first < 0 || id < first {
+			first = id
+		}
+	}
+	delete(a.rows[node], first)
+	return first
+}
+
+// After the takeover the drill checks every write acknowledged before the
+// kill on the survivor (lb.check-path): one missing fails the phase, naming
+// it; with all present it says so; without a check-path it says the check
+// was skipped.
+func TestDrillChecksAcknowledgedWrites(t *testing.T) {
+	f, cfg := startFakes(t)
+	app := &fakeApp{f: f, rows: map[string]map[int64]bool{"a": {}, "b": {}}}
+	srv := httptest.NewServer(app)
+	t.Cleanup(srv.Close)
+	cfg.Etcd.Endpoints, cfg.Etcd.DialTimeout = []string{"http://127.0.0.1:1"}, 100*time.Millisecond // followed over REST
+	cfg.Timeout = time.Second
+	cfg.LB.URL, cfg.LB.CheckPath = srv.URL, "/check"
+	cfg.Drill = Drill{ProbeInterval: 10 * time.Millisecond, PhaseTimeout: 5 * time.Second, Settle: 50 * time.Millisecond}
+	for i := range cfg.Nodes {
+		n := cfg.Nodes[i].Name
+		cfg.Nodes[i].StopCommand, cfg.Nodes[i].StartCommand = "stop "+n, "start "+n
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var lost atomic.Int64
+	lose := true
+	old := drillAction
+	t.Cleanup(func() { drillAction = old })
+	drillAction = func(_ context.Context, cmd string) error {
+		if victim, ok := strings.CutPrefix(cmd, "stop "); ok {
+			survivor := map[string]string{"a": "b", "b": "a"}[victim]
+			if lose {
+				lost.Store(app.lose(survivor))
+			}
+			f.leader.Store(survivor) // the survivor takes over at once
+		}
+		return nil
+	}
+	c := NewClient(cfg, nil, nil)
+	ctx := context.Background()
+
+	var buf bytes.Buffer
+	p := c.drillPhase(ctx, "a", &buf)
+	want := fmt.Sprintf("writes acknowledged before the kill missing on b: %d", lost.Load())
+	if p.OK() || !strings.Contains(strings.Join(p.Failures, "; "), want) || len(p.AckedMissing) != 1 || p.AckedBefore < 2 {
+		t.Fatalf("phase with a lost write: ok=%v failures %v, acked %d missing %v; want %q\n%s",
+			p.OK(), p.Failures, p.AckedBefore, p.AckedMissing, want, buf.String())
+	}
+
+	lose = false
+	buf.Reset()
+	p = c.drillPhase(ctx, "b", &buf)
+	if !p.OK() || !p.AckChecked || len(p.AckedMissing) != 0 ||
+		!strings.Contains(buf.String(), fmt.Sprintf("%d writes acknowledged before the kill: all on a", p.AckedBefore)) {
+		t.Fatalf("phase with every write on the survivor: %v, acked %d\n%s", p.Failures, p.AckedBefore, buf.String())
+	}
+	var rep bytes.Buffer
+	WriteDrillReport(&rep, []DrillPhase{p})
+	if !strings.Contains(rep.String(), fmt.Sprintf("%d/%d", p.AckedBefore, p.AckedBefore)) {
+		t.Errorf("report lacks the ACKED column:\n%s", rep.String())
+	}
+
+	c.Cfg.LB.CheckPath = ""
+	buf.Reset()
+	if p = c.drillPhase(ctx, "a", &buf); !p.OK() || p.AckChecked || !strings.Contains(buf.String(), "lb.check-path not set (skipped)") {
+		t.Fatalf("phase without a check-path: %v\n%s", p.Failures, buf.String())
 	}
 }

@@ -2,10 +2,13 @@ package ctl
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"time"
 )
 
@@ -20,7 +23,14 @@ type DrillPhase struct {
 	FirstWrite    time.Duration // first successful write through the lb served by the survivor
 	Rejoined      time.Duration // victim ready to take over again: streaming replica + PASSIVE (from its start command)
 	Probe         ProbeReport
-	Failures      []string
+	// The acknowledged-write check after the takeover (lb.check-path):
+	// AckedBefore writes were answered 200 before the stop command ran,
+	// AckedMissing are those the survivor lacks. AckChecked is false when
+	// the check was skipped (no check-path) or could not run.
+	AckChecked   bool
+	AckedBefore  int
+	AckedMissing []int64
+	Failures     []string
 }
 
 // OK reports whether every check of the phase passed.
@@ -101,7 +111,7 @@ func (c *Client) drillPhase(ctx context.Context, victimName string, w io.Writer)
 	st.Start = time.Now()
 	p.Started = st.Start
 	st.Printf("stop %s: %s", victim.Name, victim.StopCommand)
-	if err := runAction(ctx, victim.StopCommand); err != nil {
+	if err := drillAction(ctx, victim.StopCommand); err != nil {
 		p.fail("stop command: %v", err)
 		finish()
 		return p
@@ -111,10 +121,20 @@ func (c *Client) drillPhase(ctx context.Context, victimName string, w io.Writer)
 		finish()
 		return p
 	}
+	// The takeover is complete once the survivor serves writes; then every
+	// write acknowledged before the kill must be there. A failure here
+	// fails the phase, but the victim is still brought back below: the
+	// drill never leaves a node down.
+	if waitServed(ctx, probe, survivor.Name, p.Started, c.Cfg.Drill.PhaseTimeout) {
+		c.checkAcked(ctx, st, probe.Samples(), p.Started, survivor.Name, &p)
+	} else {
+		p.fail("no write served by %s within %s of the takeover: acknowledged writes not checked",
+			survivor.Name, c.Cfg.Drill.PhaseTimeout)
+	}
 	epoch := c.Roled(ctx, survivor).Epoch
 	back := time.Now()
 	st.Printf("start %s: %s", victim.Name, victim.StartCommand)
-	if err := runAction(ctx, victim.StartCommand); err != nil {
+	if err := drillAction(ctx, victim.StartCommand); err != nil {
 		p.fail("start command: %v", err)
 	} else if ready, err := c.waitRejoin(ctx, st, victim, survivor, epoch); err != nil {
 		p.fail("%v", err)
@@ -131,6 +151,10 @@ func (c *Client) drillPhase(ctx context.Context, victimName string, w io.Writer)
 	}
 	return p
 }
+
+// drillAction runs a node's stop or start command; the fake-cluster tests
+// replace it to act on their fakes instead of hosts.
+var drillAction = runAction
 
 func runAction(ctx context.Context, command string) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -216,6 +240,111 @@ func (c *Client) waitReady(ctx context.Context, st *Steps, n Node, guard func() 
 	return time.Time{}, fmt.Errorf("%s not ready to take over within %s: %s %s", n.Name, c.Cfg.Drill.PhaseTimeout, last, lastDetail)
 }
 
+// waitServed waits until the probe has a write that node served, answered
+// after since, or timeout passes.
+func waitServed(ctx context.Context, probe *Probe, node string, since time.Time, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, s := range probe.Samples() {
+			if s.OK && s.Node == node && s.End.After(since) {
+				return true
+			}
+		}
+		if !time.Now().Before(deadline) || sleepCtx(ctx, 20*time.Millisecond) != nil {
+			return false
+		}
+	}
+}
+
+// checkAcked asks the balancer, which now serves from survivor, for every
+// write acknowledged before the stop command ran (at kill): each must be on
+// the survivor. Missing ones fail the phase, named (count and first few).
+func (c *Client) checkAcked(ctx context.Context, st *Steps, samples []Sample, kill time.Time, survivor string, p *DrillPhase) {
+	if c.Cfg.LB.CheckPath == "" {
+		st.Printf("acknowledged writes not checked on %s: lb.check-path not set (skipped)", survivor)
+		return
+	}
+	var ids []int64
+	for _, s := range samples {
+		if s.OK && s.End.Before(kill) {
+			ids = append(ids, s.ID)
+		}
+	}
+	var missing []int64
+	for _, id := range ids {
+		present, err := c.checkWrite(ctx, id, survivor)
+		if err != nil {
+			p.fail("acknowledged writes not checked on %s: write %d: %v", survivor, id, err)
+			return
+		}
+		if !present {
+			missing = append(missing, id)
+		}
+	}
+	p.AckChecked, p.AckedBefore, p.AckedMissing = true, len(ids), missing
+	if len(missing) > 0 {
+		p.fail("%d of %d writes acknowledged before the kill missing on %s: %s",
+			len(missing), len(ids), survivor, firstIDs(missing, 5))
+		return
+	}
+	st.Printf("%d writes acknowledged before the kill: all on %s", len(ids), survivor)
+}
+
+// checkWrite asks lb.check-path whether write id is on node: 200 present,
+// 404 absent, and the answer must come from node. Anything else (the
+// balancer between backends, a timeout) is retried a few times: the check
+// must not mistake a hiccup for a lost write, nor the other way round.
+func (c *Client) checkWrite(ctx context.Context, id int64, node string) (bool, error) {
+	target := fmt.Sprintf("%s%s?id=%d", strings.TrimSuffix(c.Cfg.LB.URL, "/"), c.Cfg.LB.CheckPath, id)
+	var last error
+	for attempt := range 5 {
+		if attempt > 0 {
+			if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+				return false, err
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
+		if err != nil {
+			return false, err
+		}
+		resp, err := c.HTTP.Do(req)
+		if err != nil {
+			last = err
+			continue
+		}
+		var body struct {
+			Node string `json:"node"`
+		}
+		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body)
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusNotFound:
+			last = fmt.Errorf("HTTP %d from %q", resp.StatusCode, body.Node)
+		case body.Node != node:
+			last = fmt.Errorf("answered by %q, not %s", body.Node, node)
+		default:
+			return resp.StatusCode == http.StatusOK, nil
+		}
+	}
+	return false, last
+}
+
+// firstIDs lists up to n ids, and how many more there are.
+func firstIDs(ids []int64, n int) string {
+	var b strings.Builder
+	for i, id := range ids {
+		if i == n {
+			fmt.Fprintf(&b, " and %d more", len(ids)-n)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprint(&b, id)
+	}
+	return b.String()
+}
+
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	select {
 	case <-ctx.Done():
@@ -225,17 +354,23 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// WriteDrillReport prints the phases as a table.
+// WriteDrillReport prints the phases as a table. DOWN is the phase's total
+// outage (all its outages, OUTAGES of them); ACKED is how many of the writes
+// acknowledged before the kill the survivor had ("-": not checked).
 func WriteDrillReport(w io.Writer, phases []DrillPhase) {
-	fmt.Fprintf(w, "%-8s %-8s %9s %9s %9s %9s %7s %9s %9s %s\n", "LOST", "TAKEOVER", "PATRONI", "ACTIVE", "LB", "1ST WRITE",
-		"FAILED", "DOWNTIME", "REJOINED", "RESULT")
+	fmt.Fprintf(w, "%-8s %-8s %9s %9s %9s %9s %7s %7s %9s %9s %9s %s\n", "LOST", "TAKEOVER", "PATRONI", "ACTIVE", "LB", "1ST WRITE",
+		"FAILED", "OUTAGES", "DOWN", "ACKED", "REJOINED", "RESULT")
 	for _, p := range phases {
 		res := "ok"
 		if !p.OK() {
 			res = fmt.Sprint(p.Failures)
 		}
-		fmt.Fprintf(w, "%-8s %-8s %8.2fs %8.2fs %8.2fs %8.2fs %7d %8.2fs %8.2fs %s\n", p.Victim, p.Survivor,
+		acked := "-"
+		if p.AckChecked {
+			acked = fmt.Sprintf("%d/%d", p.AckedBefore-len(p.AckedMissing), p.AckedBefore)
+		}
+		fmt.Fprintf(w, "%-8s %-8s %8.2fs %8.2fs %8.2fs %8.2fs %7d %7d %8.2fs %9s %8.2fs %s\n", p.Victim, p.Survivor,
 			p.PatroniLeader.Seconds(), p.RoledActive.Seconds(), p.LBServing.Seconds(), p.FirstWrite.Seconds(),
-			p.Probe.Failed, p.Probe.Downtime.Seconds(), p.Rejoined.Seconds(), res)
+			p.Probe.Failed, p.Probe.Outages, p.Probe.TotalDown.Seconds(), acked, p.Rejoined.Seconds(), res)
 	}
 }

@@ -107,8 +107,10 @@ func (p *Probe) Samples() []Sample {
 // ProbeReport sums up a probe run.
 type ProbeReport struct {
 	Total, Failed int
-	// Downtime is the visible downtime: from the first failed request's start
-	// to the end of the first of three consecutive successes after it.
+	// Downtime is the first outage only: from the first failed request's
+	// start to the end of the first of three consecutive successes after
+	// it. Where a run may have more than one outage, report TotalDown,
+	// Longest and Outages (String does).
 	Downtime time.Duration
 	MaxWait  time.Duration // longest successful request
 	// FirstOK is, per node, the end of the first successful write it served
@@ -118,9 +120,10 @@ type ProbeReport struct {
 	LastOK  map[string]time.Duration
 	PerNode map[string]int
 	// Outages is the number of separate failure windows; TotalDown sums
-	// them (Downtime is only the first).
+	// them, Longest is the longest (Downtime is only the first).
 	Outages   int
 	TotalDown time.Duration
+	Longest   time.Duration
 	// Errors counts failures by node and message (first 60 bytes).
 	Errors map[string]int
 }
@@ -163,6 +166,7 @@ func Analyze(samples []Sample, origin time.Time) ProbeReport {
 		}
 		r.Outages++
 		r.TotalDown += d
+		r.Longest = max(r.Longest, d)
 		start = next
 	}
 	return r
@@ -186,10 +190,12 @@ func window(samples []Sample, start int) (time.Duration, int) {
 	return samples[len(samples)-1].End.Sub(samples[start].Start), -1
 }
 
-// String is a one-line summary.
+// String is a one-line summary. Its headline is the total outage, the
+// longest outage and their number: the first outage alone (Downtime) once
+// read as the whole ("visible downtime 8.908s" beside 531.756 s in all).
 func (r ProbeReport) String() string {
-	s := fmt.Sprintf("%d writes, %d failed, visible downtime %.3fs (%d outage(s), %.3fs in all), max wait %.3fs, per node %v",
-		r.Total, r.Failed, r.Downtime.Seconds(), r.Outages, r.TotalDown.Seconds(), r.MaxWait.Seconds(), r.PerNode)
+	s := fmt.Sprintf("%d writes, %d failed; outage %.3fs in all, longest %.3fs, %d outage(s); max wait %.3fs, per node %v",
+		r.Total, r.Failed, r.TotalDown.Seconds(), r.Longest.Seconds(), r.Outages, r.MaxWait.Seconds(), r.PerNode)
 	if len(r.Errors) > 0 {
 		s += fmt.Sprintf(", errors %v", r.Errors)
 	}

@@ -55,6 +55,7 @@ func RunApp(ctx context.Context, args []string) error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/health", a.health)
 	mux.HandleFunc("/write", a.write)
+	mux.HandleFunc("/check", a.check)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -109,6 +110,65 @@ func (a *App) write(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_ = json.NewEncoder(w).Encode(res)
+}
+
+// CheckResult is /check's answer: whether write id is on this node (its row
+// in the local database, its file in the synced directory).
+type CheckResult struct {
+	Node  string `json:"node"`
+	ID    int64  `json:"id"`
+	Row   bool   `json:"row"`
+	File  bool   `json:"file"`
+	Error string `json:"error,omitempty"`
+}
+
+// check answers hapairctl drill's lb.check-path: 200 when write id is on
+// this node (row, and file when the app writes files), 404 when either is
+// missing, 503 when the database cannot tell.
+func (a *App) check(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.ParseInt(r.URL.Query().Get("id"), 10, 64)
+	res := CheckResult{Node: a.node, ID: id}
+	w.Header().Set("Content-Type", "application/json")
+	code := http.StatusOK
+	switch {
+	case err != nil:
+		code, res.Error = http.StatusBadRequest, "id: "+err.Error()
+	default:
+		res.Row, err = a.hasRow(r.Context(), id)
+		res.File = a.dir == ""
+		if !res.File {
+			_, ferr := os.Stat(filepath.Join(a.dir, "w", fmt.Sprintf("%d.txt", id)))
+			res.File = ferr == nil
+		}
+		switch {
+		case err != nil:
+			code, res.Error = http.StatusServiceUnavailable, err.Error()
+		case !res.Row || !res.File:
+			code = http.StatusNotFound
+		}
+	}
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(res)
+}
+
+// hasRow reads row id from the local database on a pooled connection.
+func (a *App) hasRow(ctx context.Context, id int64) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	select {
+	case a.slots <- struct{}{}:
+		defer func() { <-a.slots }()
+	case <-ctx.Done():
+		return false, fmt.Errorf("no database connection free: %w", ctx.Err())
+	}
+	c, _, err := a.conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	var n int
+	err = c.QueryRow(ctx, `SELECT count(*) FROM lab_writes WHERE id = $1`, id).Scan(&n)
+	a.release(c, err)
+	return n > 0, err
 }
 
 // conn takes an idle connection or opens one; pooled says which.

@@ -42,6 +42,7 @@ func (l *Lab) CtlConfig() ctl.Config {
 	if l.Bin(BinLB) != "" {
 		cfg.LB.AdminURL = fmt.Sprintf("http://%s:%d", IP(LB), LBAdminPort)
 		cfg.LB.URL = fmt.Sprintf("http://%s:%d", IP(LB), LBWebPort)
+		cfg.LB.CheckPath = "/check" // the drill checks acknowledged writes on the survivor
 	} else {
 		cfg.LB.AdminURL = ""
 	}

@@ -153,17 +153,32 @@ func runGroup(ctx context.Context, opt Options, todo []Scenario, w io.Writer) ([
 	if err != nil {
 		return nil, err
 	}
-	defer l.Down()
+	defer func() { _ = l.Down() }() // the last lab: l changes on a rebuild
 	if err := l.Up(ctx); err != nil {
 		return nil, err
 	}
 	var out []*Result
-	for _, s := range todo {
+	for i, s := range todo {
 		r := RunOne(ctx, l, s)
 		out = append(out, r)
 		PrintResult(w, r)
 		if ctx.Err() != nil {
 			return out, ctx.Err()
+		}
+		if r.OK() || i == len(todo)-1 {
+			continue
+		}
+		// One failure stays one failure: the next scenario runs on a new
+		// lab, not on whatever this one left behind (as TestLab does).
+		fmt.Fprintf(w, "rebuilding the lab after the failed scenario %s\n", s.Name)
+		_ = l.Down()
+		nl, err := NewLab(opt, w)
+		if err != nil {
+			return out, fmt.Errorf("rebuild after %s: %w", s.Name, err)
+		}
+		l = nl
+		if err := l.Up(ctx); err != nil {
+			return out, fmt.Errorf("rebuild after %s: up: %w", s.Name, err)
 		}
 	}
 	return out, nil

@@ -3,6 +3,7 @@ package lab
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -152,7 +153,7 @@ func switchoverOnce(ctx context.Context, l *Lab, r *Result, label, to string) {
 		r.note("%s: samples\n%s", name, b.String())
 	}
 	r.fig(name+": failed writes", float64(rep.Failed), "")
-	r.secs(name+": visible downtime", rep.Downtime)
+	outageFigures(r, name, rep)
 	r.secs(name+": max wait", rep.MaxWait)
 	r.secs(name+": Patroni REST returned", res.PatroniDone)
 	r.secs(name+": redundant again (old primary streaming)", res.Redundant)
@@ -206,7 +207,7 @@ func DrillBoth(ctx context.Context, l *Lab, r *Result) {
 		r.secs(name+": survivor ACTIVE", p.RoledActive)
 		r.secs(name+": first write through lb", p.FirstWrite)
 		r.fig(name+": failed writes", float64(p.Probe.Failed), "")
-		r.secs(name+": visible downtime", p.Probe.Downtime)
+		outageFigures(r, name, p.Probe)
 		r.secs(name+": rejoined as replica+PASSIVE", p.Rejoined)
 		if t, ok := pg.FirstOK(p.Survivor, p.Started); ok && p.FirstWrite > 0 {
 			r.secs(name+": survivor PG accepts writes", t.Sub(p.Started))
@@ -512,7 +513,7 @@ func reportPartition(l *Lab, r *Result, pr *probeRun, t0 time.Time) {
 	}
 	followFigures(r, pr, rep, "partition", NodeB, t0)
 	r.fig("partition: failed writes", float64(rep.Failed), "")
-	r.secs("partition: visible downtime", rep.Downtime)
+	outageFigures(r, "partition", rep)
 }
 
 // PartitionDesign (5): Patroni with remote etcd members + use_proxies.
@@ -711,7 +712,7 @@ func LBPartitioned(ctx context.Context, l *Lab, r *Result) {
 		r.fail("%d writes failed while the lb was cut from the PASSIVE node", a.Failed)
 	}
 	r.fig("lb without etcd: failed writes during the switchover", float64(rep.Failed), "")
-	r.secs("lb without etcd: visible downtime", rep.Downtime)
+	outageFigures(r, "lb without etcd", rep)
 }
 
 // Demo is the README's main job: up, switchover A→B and back while probing,
@@ -743,8 +744,12 @@ func Demo(ctx context.Context, opt Options, w io.Writer) error {
 }
 
 // Soak repeats random faults for d with the checkers running and prints a
-// summary: faults, dual-ACTIVE rounds, acknowledged-then-lost writes, files
-// overwritten by a stale node.
+// summary (writeSoakSummary): per fault kind the time until the pair served
+// again and until it was redundant again, outages through the balancer,
+// dual-ACTIVE rounds, acknowledged writes lost, files overwritten by a
+// stale node. A fault after which the cluster does not settle within
+// soakSettleBound ends the soak (every later fault would land on a broken
+// cluster): the summary names the stuck state as hapairctl status does.
 func Soak(ctx context.Context, opt Options, d time.Duration, w io.Writer) error {
 	l, err := NewLab(opt, w)
 	if err != nil {
@@ -756,76 +761,91 @@ func Soak(ctx context.Context, opt Options, d time.Duration, w io.Writer) error 
 	}
 	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
 	end := time.Now().Add(d)
-	faults := map[string]int{}
-	acks := 0
+	var runs []soakFaultRun
 	for time.Now().Before(end) && ctx.Err() == nil {
 		f := soakFault(ctx, l)
-		faults[f]++
-		l.logf("soak: %s done", f)
+		l.logf("soak: %s on %s done", f.Kind, f.Target)
 		acked, err := l.settleOrAck(ctx)
-		if acked {
-			acks++
-		}
+		f.Acked = acked
 		if err != nil {
-			fmt.Fprintf(w, "after %s: %v\n", f, err)
+			f.Stuck = err.Error()
+			fmt.Fprintf(w, "after %s: %v\n", f.Kind, err)
+			// No more faults on a broken cluster; does it recover by itself?
+			if poll(ctx, time.Until(end), time.Second, func() bool {
+				return l.settledProblem(NodeA) == "" || l.settledProblem(NodeB) == ""
+			}) {
+				f.SelfHealed = time.Now()
+			}
+			runs = append(runs, f)
+			break
 		}
+		f.Redundant, f.NotRedundant = l.waitRedundant(ctx, f.Repaired.Add(soakRedundantBound))
+		runs = append(runs, f)
 	}
 	stop()
-	samples := pr.probe.Samples()
-	dual, rounds := pr.ha.Dual()
-	leader, _ := l.Ctl().Leader(ctx)
-	a, aerr := l.AuditSettled(ctx, leader, samples, 30*time.Second)
-	rep := ctl.Analyze(samples, pr.start)
-	fmt.Fprintf(w, "\n=== soak summary (%s)\nfaults injected: %v\n", d, faults)
-	fmt.Fprintf(w, "dual-ACTIVE rounds (10 ms checker): %d of %d\n", dual, rounds)
-	fmt.Fprintf(w, "takeover alarms acknowledged (hapairctl ack): %d\n", acks)
-	fmt.Fprintf(w, "probe: %s\n", rep)
-	fmt.Fprintf(w, "audit on %s: %s (err %v)\n", leader, a, aerr)
-	if dual > 0 || len(a.Overwritten) > 0 || len(a.LostFiles) > 0 {
-		return fmt.Errorf("soak found dual ACTIVE, overwritten or silently lost files")
+	res := soakResult{Planned: d, Start: pr.start, End: time.Now(), Runs: runs, Samples: pr.probe.Samples()}
+	res.Ran = res.End.Sub(res.Start)
+	res.Dual, res.Rounds = pr.ha.Dual()
+	res.Leader, res.LeaderErr = l.Ctl().Leader(ctx)
+	if res.LeaderErr == nil {
+		res.Audit, res.AuditErr = l.AuditSettled(ctx, res.Leader, res.Samples, 30*time.Second)
 	}
-	return nil
+	return writeSoakSummary(w, res)
 }
 
-func soakFault(ctx context.Context, l *Lab) string {
+// soakFault injects one random fault on the current leader (or the
+// witness), undoes it, and says when each happened.
+func soakFault(ctx context.Context, l *Lab) soakFaultRun {
 	leader, _ := l.Ctl().Leader(ctx)
 	if leader == "" {
 		leader = NodeA
 	}
+	f := soakFaultRun{Target: leader, Began: time.Now()}
+	do := func(what string, err error) {
+		if err != nil {
+			f.Errors = append(f.Errors, what+": "+err.Error())
+		}
+	}
 	switch rand.IntN(5) {
 	case 0:
-		_ = l.KillNode(leader)
+		f.Kind = "node kill"
+		do("kill", l.KillNode(leader))
 		time.Sleep(15 * time.Second)
-		_ = l.StartNode(leader)
-		return "node kill"
+		do("start", l.StartNode(leader))
 	case 1:
+		f.Kind = "partition"
 		peers := []string{Other(leader), Witness}
-		_ = l.Net.Partition(leader, peers...)
+		do("partition", l.Net.Partition(leader, peers...))
 		time.Sleep(15 * time.Second)
-		_ = l.Net.Heal(leader)
-		return "partition"
+		do("heal", l.Net.Heal(leader))
 	case 2:
-		_ = l.Signal(leader, ProcPatroni, 19)
+		f.Kind = "patroni pause"
+		do("SIGSTOP", l.Signal(leader, ProcPatroni, 19))
 		time.Sleep(15 * time.Second)
-		_ = l.Signal(leader, ProcPatroni, 18)
-		return "patroni pause"
+		do("SIGCONT", l.Signal(leader, ProcPatroni, 18))
 	case 3:
-		_ = l.KillNode(Witness)
+		f.Kind, f.Target = "witness kill", Witness
+		do("kill", l.KillNode(Witness))
 		time.Sleep(10 * time.Second)
-		_ = l.StartNode(Witness)
-		return "witness kill"
+		do("start", l.StartNode(Witness))
 	default:
-		_, _ = l.Switchover(ctx, Other(leader), io.Discard)
-		return "switchover"
+		f.Kind = "switchover"
+		_, err := l.Switchover(ctx, Other(leader), io.Discard)
+		do("switchover", err)
 	}
+	f.Repaired = time.Now()
+	return f
 }
 
-// settleOrAck waits for one primary + ACTIVE again after a fault; a
-// takeover alarm (Patroni 3.0.2 took the leader key back) is acknowledged
-// the operator's way after 30 s.
+// settleOrAck waits (soakSettleBound) for one primary + ACTIVE again after a
+// fault; a takeover alarm (Patroni 3.0.2 took the leader key back) is
+// acknowledged the operator's way after 30 s. When it does not settle, the
+// error names the stuck state and its cause as hapairctl status says it
+// (its headline, with a stuck leader's remedy).
 func (l *Lab) settleOrAck(ctx context.Context) (acked bool, err error) {
 	settled := func() bool { return l.settledProblem(NodeA) == "" || l.settledProblem(NodeB) == "" }
-	if poll(ctx, 30*time.Second, 250*time.Millisecond, settled) {
+	const beforeAck = 30 * time.Second
+	if poll(ctx, beforeAck, 250*time.Millisecond, settled) {
 		return false, nil
 	}
 	if len(l.Ctl().Status(ctx).Alarms) > 0 {
@@ -833,8 +853,36 @@ func (l *Lab) settleOrAck(ctx context.Context) (acked bool, err error) {
 		l.logf("soak: takeover alarm; hapairctl ack: %v %s", err, out)
 		acked = true
 	}
-	if !poll(ctx, 90*time.Second, 250*time.Millisecond, settled) {
-		return acked, fmt.Errorf("not settled: %s / %s", l.settledProblem(NodeA), l.settledProblem(NodeB))
+	if poll(ctx, soakSettleBound-beforeAck, 250*time.Millisecond, settled) {
+		return acked, nil
 	}
-	return acked, nil
+	red := l.Ctl().Status(ctx).Redundancy
+	msg := fmt.Sprintf("not settled within %s (nodea as primary: %s; nodeb as primary: %s); hapairctl status: %s",
+		soakSettleBound, l.settledProblem(NodeA), l.settledProblem(NodeB), red.Line())
+	for _, s := range red.Stuck {
+		if s.Remedy != "" {
+			msg += "; remedy: " + s.Remedy
+		}
+	}
+	return acked, errors.New(msg)
+}
+
+// waitRedundant polls hapairctl status until it says REDUNDANT yes or the
+// deadline passes; then it returns what status said instead.
+func (l *Lab) waitRedundant(ctx context.Context, deadline time.Time) (time.Time, string) {
+	last := ""
+	for {
+		red := l.Ctl().Status(ctx).Redundancy
+		if red.Level == ctl.Redundant {
+			return time.Now(), ""
+		}
+		last = red.Line()
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
+			return time.Time{}, last
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
