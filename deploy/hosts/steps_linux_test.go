@@ -313,8 +313,14 @@ func stepFreezeRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, r
 		time.Sleep(200 * time.Millisecond)
 	}
 	fig.add("roled SIGSTOP: watchdog restart", time.Since(t0))
-	journal, _ := h.Exec(ctx, "journalctl", "--no-pager", "-u", "hapair-roled", "--since", "-5min", "-g", "[Ww]atchdog")
-	t.Logf("%s journal (watchdog):\n%s", active, strings.TrimSpace(journal))
+	journal, _ := h.Exec(ctx, "journalctl", "--no-pager", "-o", "short-precise", "-u", "hapair-roled", "--since", "-5min")
+	var wd []string
+	for _, l := range strings.Split(journal, "\n") {
+		if strings.Contains(strings.ToLower(l), "watchdog") {
+			wd = append(wd, l)
+		}
+	}
+	t.Logf("%s journal of hapair-roled, watchdog lines:\n%s", active, strings.Join(wd, "\n"))
 	if !strings.Contains(strings.ToLower(journal), "watchdog timeout") {
 		t.Errorf("%s: no watchdog timeout in the journal of hapair-roled", active)
 	}
