@@ -327,6 +327,17 @@ func TestDeploySystemd(t *testing.T) {
 		t0 := time.Now()
 		dctx, dcancel := context.WithTimeout(ctx, 6*time.Minute)
 		defer dcancel()
+		// A drill that failed half-way may leave a node powered off: boot
+		// it, so the steps after start from a whole cluster.
+		defer func() {
+			for _, n := range dataNodes {
+				if !c.Hosts[n].Running() {
+					if err := c.Hosts[n].Boot(ctx, 2*time.Minute); err != nil {
+						t.Errorf("boot %s after the drill: %v", n, err)
+					}
+				}
+			}
+		}()
 		out, err := c.Hosts[controller].Exec(dctx, "hapairctl", "drill", "--yes")
 		t.Logf("hapairctl drill on the controller:\n%s", out)
 		fig.add("hapairctl drill, both ways", time.Since(t0))

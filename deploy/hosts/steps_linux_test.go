@@ -206,10 +206,9 @@ func checkRoles(t *testing.T, rw *roleWatch, v0, m0, planned int) {
 // write may fail while etcd and roled roll; every unit then runs the new
 // version.
 func stepRollingUpgrade(t *testing.T, ctx context.Context, c *Cluster, root string, w *writer, rw *roleWatch, fig *figures) {
-	before, _, err := status(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Each step starts from a healthy cluster (and says so if the one
+	// before left it otherwise).
+	before := waitHealthy(t, ctx, c)
 	version := "deploytest-" + c.Tag + "-upgraded"
 	t0 := time.Now()
 	buildDist(t, ctx, c, root, version)
@@ -261,10 +260,9 @@ func stepRollingUpgrade(t *testing.T, ctx context.Context, c *Cluster, root stri
 // takes a new lease when it is back; the balancer holds new requests
 // meanwhile.
 func stepRestartRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *roleWatch, fig *figures) {
-	before, _, err := status(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Each step starts from a healthy cluster (and says so if the one
+	// before left it otherwise).
+	before := waitHealthy(t, ctx, c)
 	active := before.Redundancy.Active
 	v0, m0 := rw.mark()
 	t0 := time.Now()
@@ -288,10 +286,9 @@ func stepRestartRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, 
 // node. Nothing in roled runs any more; the unit's watchdog must notice
 // (WatchdogSec) and restart it, with nobody's help.
 func stepFreezeRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *roleWatch, fig *figures) {
-	before, _, err := status(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Each step starts from a healthy cluster (and says so if the one
+	// before left it otherwise).
+	before := waitHealthy(t, ctx, c)
 	active := before.Redundancy.Active
 	h := c.Hosts[active]
 	restarts := func() int {
@@ -358,10 +355,9 @@ func waitRole(t *testing.T, ctx context.Context, c *Cluster, node, role string, 
 // then everything on the host must come back by itself under systemd and
 // the pair be redundant again.
 func stepReboot(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *roleWatch, fig *figures, which string) {
-	before, _, err := status(ctx, c)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Each step starts from a healthy cluster (and says so if the one
+	// before left it otherwise).
+	before := waitHealthy(t, ctx, c)
 	node, other := before.Redundancy.Standby, before.Redundancy.Active
 	if which == "active" {
 		node, other = other, node
@@ -380,9 +376,8 @@ func stepReboot(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *ro
 	if which == "active" {
 		// The survivor serves before the node is back: the reboot takes
 		// longer than Patroni's ttl, as a real one does.
-		var st ctl.Status
 		for {
-			st, _, err = status(ctx, c)
+			st, _, err := status(ctx, c)
 			if err == nil && st.Active != nil && st.Active.Node == other && servedBy(st, other) {
 				break
 			}
@@ -445,7 +440,7 @@ func drillFigures(t *testing.T, fig *figures, out string) {
 			header = true
 			continue
 		}
-		if !header || len(f) < 10 {
+		if !header || len(f) < 10 || (f[0] != nodeA && f[0] != nodeB) {
 			continue
 		}
 		sec := func(s string) time.Duration {
