@@ -402,6 +402,20 @@ func stage(t *testing.T, ctx context.Context, c *Cluster) (root string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The image's package index is as old as the image (minutes on a
+	// fresh machine): make it two days old, as on a host long after its
+	// last apt-get update, so a role that refreshes it needlessly fails
+	// here at once (hosts without a route out) and not only an hour after
+	// the image was built (hapair_patroni's cache_valid_time did).
+	old := time.Now().Add(-48 * time.Hour)
+	for _, h := range c.Hosts {
+		if err := os.Chtimes(h.Path("/var/lib/apt/lists"), old, old); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(h.Path("/var/lib/apt/periodic/update-success-stamp"), old, old); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
 	for _, n := range dataNodes {
 		h := c.Hosts[n]
 		if err := h.WriteFile("/usr/local/bin/hapair-lab", app, 0o755); err != nil {
