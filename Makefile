@@ -46,7 +46,7 @@ test: deps vet
 test-deploy:
 	scripts/deps.sh test deploy
 	@mkdir -p $(BIN)
-	HAPAIR_DEPLOY_LOG_DIR=$(CURDIR)/$(BIN)/deploy-logs $(GO) test -race -count=1 -timeout 40m -run TestDeploySystemd -v ./deploy/hosts/ > $(BIN)/deploy-test.log 2>&1 || { tail -n 300 $(BIN)/deploy-test.log; exit 1; }
+	HAPAIR_DEPLOY_LOG_DIR=$(CURDIR)/$(BIN)/deploy-logs $(GO) test -race -count=1 -timeout 75m -run TestDeploySystemd -v ./deploy/hosts/ > $(BIN)/deploy-test.log 2>&1 || { tail -n 300 $(BIN)/deploy-test.log; exit 1; }
 	@grep -E 'FIGURE|^(---|===|ok|FAIL|PASS)' $(BIN)/deploy-test.log
 
 demo: build

@@ -539,7 +539,10 @@ func (c *converge) checkRendered(t *testing.T) {
 			t.Errorf("%s: pg_rewind/wal_log_hints not set: %v", host, pg)
 		}
 		hba := fmtAny(p["postgresql"].(map[string]any)["pg_hba"])
-		for _, line := range []string{"host replication replicator 127.0.10.11/32", "host postgres rewind_user 127.0.10.12/32"} {
+		// 127.0.0.1: Patroni's own replication connection to its
+		// PostgreSQL (a replica's timeline and LSN; without it no
+		// switchover or failover to it, seen on the systemd hosts).
+		for _, line := range []string{"host replication replicator 127.0.0.1/32", "host replication replicator 127.0.10.11/32", "host postgres rewind_user 127.0.10.12/32"} {
 			if !strings.Contains(hba, line) {
 				t.Errorf("%s: pg_hba lacks %q: %s", host, line, hba)
 			}

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Host is one systemd container: an overlay over the image, booted with
@@ -80,6 +82,10 @@ func (h *Host) Boot(ctx context.Context, timeout time.Duration) error {
 	// run's Sweep removes what is left. HAPAIR_DEPLOY_KEEP (a developer
 	// keeping a failed run to look into) leaves them running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The container would otherwise keep every descriptor this process
+	// inherited: with HAPAIR_DEPLOY_KEEP the kept hosts held the caller's
+	// `flock /work/heavy.lock` for as long as they ran (seen here).
+	closeInheritedOnExec()
 	if os.Getenv("HAPAIR_DEPLOY_KEEP") == "" {
 		cmd.SysProcAttr.Pdeathsig = syscall.SIGTERM
 	}
@@ -318,4 +324,22 @@ func (h *Host) unmount() error {
 		return fmt.Errorf("%s: umount: %w", h.Name, err)
 	}
 	return nil
+}
+
+// closeInheritedOnExec marks every descriptor above stderr close-on-exec.
+// Go opens its own that way; the ones it inherited (a lock held by the
+// command that started the test, say) are not, and would pass on to every
+// systemd-nspawn started.
+func closeInheritedOnExec() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd <= 2 {
+			continue
+		}
+		_, _ = unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC)
+	}
 }

@@ -149,6 +149,12 @@ func (im Image) build(ctx context.Context, dir string, log io.Writer) error {
 	if err := os.WriteFile(prc, []byte("#!/bin/sh\nexit 101\n"), 0o755); err != nil {
 		return err
 	}
+	// nspawn wants its propagation directory on a tmpfs of its own, or it
+	// complains at exit ("Attempted to remove disk file system under
+	// /run/systemd/nspawn/propagate/...", seen on a fresh machine).
+	if err := ensureNspawnRun(); err != nil {
+		return err
+	}
 	// systemd-nspawn without -b runs apt-get with /proc, /sys and /dev set
 	// up and the machine's network, and mounts nothing on this side.
 	args := []string{"--register=no", "--keep-unit", "-q", "-D", dir, "--setenv=DEBIAN_FRONTEND=noninteractive",
