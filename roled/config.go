@@ -236,7 +236,7 @@ func DefaultConfig() Config {
 			Fence: FenceConfig{RetryInterval: time.Second},
 		},
 		Durability: DurabilityAsync,
-		Marker: MarkerConfig{Path: "/var/lib/app-ha/active"},
+		Marker:     MarkerConfig{Path: "/var/lib/app-ha/active"},
 		Hooks: HooksConfig{
 			Timeout:           30 * time.Second,
 			FailureBackoff:    2 * time.Second,
