@@ -3,6 +3,7 @@ package roled
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,5 +150,40 @@ func TestCommitCanaryStandbyGone(t *testing.T) {
 	a.waitCode(t, 200, 30*time.Second)
 	if cm := a.status(t).Postgres.Commits; cm.Hung {
 		t.Fatalf("commits still hung: %+v", cm)
+	}
+}
+
+// TestDurabilityConfig: durability, canary and fence fields are validated,
+// and each error names its field.
+func TestDurabilityConfig(t *testing.T) {
+	cases := []struct {
+		name  string
+		mut   func(*Config)
+		field string // "" for valid
+	}{
+		{"defaults", func(*Config) {}, ""},
+		{"sync-strict", func(c *Config) { c.Durability = DurabilitySyncStrict }, ""},
+		{"unknown word", func(c *Config) { c.Durability = "strict" }, "durability"},
+		{"sync without postgres", func(c *Config) { c.Durability = DurabilitySync; c.Postgres.Enabled = false }, "durability"},
+		{"hang-after too short", func(c *Config) { c.Durability = DurabilitySync; c.Postgres.Canary.HangAfter = time.Millisecond }, "postgres.canary.hang-after"},
+		{"hang-after not below the lease", func(c *Config) { c.Postgres.Canary.Enabled = true; c.Postgres.Canary.HangAfter = 5 * time.Second }, "postgres.canary.hang-after"},
+		{"canary interval zero", func(c *Config) { c.Durability = DurabilitySync; c.Postgres.Canary.Interval = 0 }, "postgres.canary.interval"},
+		{"canary off: its interval unchecked", func(c *Config) { c.Postgres.Canary.Interval = 0 }, ""},
+		{"synchronous_commit typo", func(c *Config) { c.Postgres.Canary.SynchronousCommit = "remote" }, "postgres.canary.synchronous-commit"},
+		{"fence roles", func(c *Config) { c.Postgres.Fence.Roles = []string{"app", "worker"} }, ""},
+		{"fence on roled's own user", func(c *Config) { c.Postgres.Fence.Roles = []string{"app", "postgres"} }, "postgres.fence.roles"},
+		{"fence retry zero", func(c *Config) { c.Postgres.Fence.Roles = []string{"app"}; c.Postgres.Fence.RetryInterval = 0 }, "postgres.fence.retry-interval"},
+	}
+	for _, tc := range cases {
+		c := DefaultConfig()
+		c.Node = "A"
+		tc.mut(&c)
+		err := c.Validate()
+		switch {
+		case tc.field == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.field != "" && (err == nil || !strings.Contains(err.Error(), tc.field)):
+			t.Errorf("%s: error %v, want one naming %s", tc.name, err, tc.field)
+		}
 	}
 }
