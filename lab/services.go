@@ -77,7 +77,7 @@ func (l *Lab) startEtcd(host string) error {
 // startPatroni runs Patroni as postgres, with LAB.md §8's environment.
 func (l *Lab) startPatroni(host string) error {
 	cfgPath := l.path(host, "patroni.yml")
-	cfg := patroniConfig(host, l.Opt.DCSMode, l.path(host, "pg"), l.path(host, "pgrun"), budget.FileOf(0, l.timers()).Patroni)
+	cfg := patroniConfig(host, l.Opt.DCSMode, l.path(host, "pg"), l.path(host, "pgrun"), budget.FileOf(0, l.timers()).Patroni, l.Opt.Durability)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err
 	}
@@ -89,7 +89,8 @@ func (l *Lab) startPatroni(host string) error {
 
 func (l *Lab) startApp(host string) error {
 	_, err := l.Spawn(host, ProcApp, baseEnv(), l.Opt.SelfExe, "app", "-node", host,
-		"-dir", l.path(host, "files"), "-marker", l.path(host, "state", "active"))
+		"-dir", l.path(host, "files"), "-marker", l.path(host, "state", "active"),
+		"-local-writer-log", l.path(host, "state", LocalWriterLog))
 	return err
 }
 

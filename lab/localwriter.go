@@ -1,0 +1,151 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// The local writer is the lab application's second writer (issue 19): on
+// each data node it writes straight to 127.0.0.1 like a cron job or a queue
+// worker would, with no balancer and no idea of roles. It connects as
+// LocalWriterRole, which roled's database fence makes read-only while the
+// node is not ACTIVE; every acknowledged row is appended to a log, so a
+// scenario can tell which acknowledged rows survived and how long a node
+// that left ACTIVE still took them.
+
+// LocalWriterRole is the PostgreSQL role the local writer connects as, and
+// the role listed in roled's postgres.fence.roles in the lab.
+const LocalWriterRole = "localwriter"
+
+// LocalWriterLog is the writer's log of acknowledged rows, in each node's
+// state directory: one line per row, "<seq> <unix nanoseconds>".
+const LocalWriterLog = "local-writes.log"
+
+// LocalWriterStatus is GET /local-writes.
+type LocalWriterStatus struct {
+	Node      string    `json:"node"`
+	Acked     int64     `json:"acked"`
+	Refused   int64     `json:"refused"` // attempts the database refused or timed out
+	LastAck   time.Time `json:"last_ack"`
+	LastError string    `json:"last_error,omitempty"`
+	LastErrAt time.Time `json:"last_error_at"`
+}
+
+type localWriter struct {
+	node     string
+	adminDSN string // sets up the role and the table (the app's superuser DSN)
+	dsn      string
+	every    time.Duration
+	log      *os.File
+
+	mu  sync.Mutex
+	st  LocalWriterStatus
+	seq int64
+}
+
+func newLocalWriter(node, adminDSN, dsn, logPath string, every time.Duration) (*localWriter, error) {
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	w := &localWriter{node: node, adminDSN: adminDSN, dsn: dsn, every: every, log: f}
+	w.st.Node = node
+	// Continue the sequence after a restart of the app.
+	w.seq = time.Now().UnixNano() / int64(time.Millisecond)
+	return w, nil
+}
+
+// run writes one row every interval until ctx ends.
+func (w *localWriter) run(ctx context.Context) {
+	defer w.log.Close()
+	t := time.NewTicker(w.every)
+	defer t.Stop()
+	var conn *pgx.Conn
+	ready := false
+	for {
+		select {
+		case <-ctx.Done():
+			if conn != nil {
+				_ = conn.Close(context.Background())
+			}
+			return
+		case <-t.C:
+		}
+		if !ready {
+			ready = w.setup(ctx) == nil
+			if !ready {
+				continue // a replica, or the database is down: next tick
+			}
+		}
+		var err error
+		if conn == nil || conn.IsClosed() {
+			cctx, cancel := context.WithTimeout(ctx, time.Second)
+			conn, err = pgx.Connect(cctx, w.dsn)
+			cancel()
+			if err != nil {
+				conn = nil
+				w.refused(err)
+				continue
+			}
+		}
+		w.seq++
+		qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = conn.Exec(qctx, "INSERT INTO lab_local_writes (node, seq) VALUES ($1, $2)", w.node, w.seq)
+		cancel()
+		if err != nil {
+			_ = conn.Close(context.Background())
+			conn = nil
+			w.refused(err)
+			continue
+		}
+		now := time.Now()
+		fmt.Fprintf(w.log, "%d %d\n", w.seq, now.UnixNano())
+		w.mu.Lock()
+		w.st.Acked++
+		w.st.LastAck = now
+		w.mu.Unlock()
+	}
+}
+
+func (w *localWriter) refused(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.st.Refused++
+	w.st.LastError, w.st.LastErrAt = err.Error(), time.Now()
+}
+
+// setup creates the role and the table on the primary, as a DBA would once.
+func (w *localWriter) setup(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, w.adminDSN)
+	if err != nil {
+		return err
+	}
+	defer c.Close(context.Background())
+	for _, q := range []string{
+		`DO $$BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '` + LocalWriterRole + `') THEN CREATE ROLE ` + LocalWriterRole + ` LOGIN; END IF; END$$`,
+		`CREATE TABLE IF NOT EXISTS lab_local_writes (node text NOT NULL, seq bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (node, seq))`,
+		`GRANT SELECT, INSERT ON lab_local_writes TO ` + LocalWriterRole,
+	} {
+		if _, err := c.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *localWriter) handle(rw http.ResponseWriter, _ *http.Request) {
+	w.mu.Lock()
+	st := w.st
+	w.mu.Unlock()
+	rw.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(rw).Encode(st)
+}
