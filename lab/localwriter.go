@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -148,4 +149,103 @@ func (w *localWriter) handle(rw http.ResponseWriter, _ *http.Request) {
 	w.mu.Unlock()
 	rw.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(rw).Encode(st)
+}
+
+// LocalAcks reads host's log of acknowledged local-writer rows: seq → the
+// time the writer saw the commit acknowledged.
+func (l *Lab) LocalAcks(host string) (map[int64]time.Time, error) {
+	f, err := os.Open(l.path(host, "state", LocalWriterLog))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[int64]time.Time{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var seq, ns int64
+		if _, err := fmt.Sscanf(sc.Text(), "%d %d", &seq, &ns); err == nil {
+			out[seq] = time.Unix(0, ns)
+		}
+	}
+	return out, sc.Err()
+}
+
+// LocalAudit is what became of host's local-writer rows acknowledged in a
+// window, as seen on the primary afterwards.
+type LocalAudit struct {
+	Acked int       // acknowledged in the window
+	Lost  int       // of those, missing on the primary now
+	Last  time.Time // last acknowledgement in the window (zero: none)
+}
+
+func (a LocalAudit) String() string {
+	return fmt.Sprintf("%d acknowledged, %d lost", a.Acked, a.Lost)
+}
+
+// AuditLocal compares host's acknowledged local-writer rows in [from, to)
+// with lab_local_writes on primary.
+func (l *Lab) AuditLocal(ctx context.Context, primary, host string, from, to time.Time) (LocalAudit, error) {
+	var a LocalAudit
+	acks, err := l.LocalAcks(host)
+	if err != nil {
+		return a, err
+	}
+	conn, err := l.PGConnect(ctx, primary, 2*time.Second)
+	if err != nil {
+		return a, err
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(ctx, "SELECT seq FROM lab_local_writes WHERE node = $1", host)
+	if err != nil {
+		return a, err
+	}
+	have, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return a, err
+	}
+	present := make(map[int64]bool, len(have))
+	for _, s := range have {
+		present[s] = true
+	}
+	for seq, at := range acks {
+		if at.Before(from) || !at.Before(to) {
+			continue
+		}
+		a.Acked++
+		if !present[seq] {
+			a.Lost++
+		}
+		if at.After(a.Last) {
+			a.Last = at
+		}
+	}
+	return a, nil
+}
+
+// reportLocalWriter puts the isolated or frozen node's local-writer figures
+// into r: rows it acknowledged after the fault began and after roled said
+// PASSIVE (the database fence's job is to make that 0, plus the time the
+// fence takes), and how many of its acknowledged rows the primary lacks.
+func reportLocalWriter(ctx context.Context, l *Lab, r *Result, name, node, primary string, t0, passive, end time.Time) {
+	all, err := l.AuditLocal(ctx, primary, node, t0.Add(-time.Minute), end)
+	if err != nil {
+		r.note("%s: local writer audit: %v", name, err)
+		return
+	}
+	after, _ := l.AuditLocal(ctx, primary, node, t0, end)
+	r.fig(name+": local writer rows acked on "+node+" after the fault", float64(after.Acked), "")
+	r.fig(name+": local writer rows lost ("+node+", from 1 min before)", float64(all.Lost), "")
+	if !passive.IsZero() {
+		late, _ := l.AuditLocal(ctx, primary, node, passive, end)
+		r.fig(name+": local writer rows acked on "+node+" after PASSIVE", float64(late.Acked), "")
+		if !late.Last.IsZero() {
+			r.secs(name+": last local ack on "+node+" after PASSIVE", late.Last.Sub(passive))
+		}
+		// The fence takes milliseconds; seconds of acknowledged local writes
+		// after PASSIVE mean it is not working.
+		if !late.Last.IsZero() && late.Last.Sub(passive) > 5*time.Second {
+			r.fail("%s: the local writer on %s kept writing %s after roled said PASSIVE (database fence)", name, node, late.Last.Sub(passive))
+		}
+	}
+	r.note("%s: local writer on %s since the fault: %s; from a minute before: %s", name, node, after, all)
 }

@@ -486,6 +486,9 @@ func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
 		return
 	}
 	r.note("after heal (+%.1fs): %s", time.Since(t1).Seconds(), a)
+	r.fig("partition: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
+	aPassive, _ := pr.ha.First(NodeA, "passive", t0)
+	reportLocalWriter(ctx, l, r, "partition", NodeA, NodeB, t0, aPassive, t1)
 	if len(a.Overwritten) > 0 {
 		r.fail("%d files overwritten by the stale node", len(a.Overwritten))
 	}
@@ -597,6 +600,29 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 		}
 		ackAndSettle(ctx, l, r)
 	}
+	frozenAudit(ctx, l, r, pr, t0, aPassive)
+}
+
+// frozenAudit counts what the frozen-Patroni run lost, once the pair has
+// settled: acknowledged balancer rows missing on the primary, and the
+// local writer's rows on nodea.
+func frozenAudit(ctx context.Context, l *Lab, r *Result, pr *probeRun, t0, aPassive time.Time) {
+	leader, err := l.Ctl().Leader(ctx)
+	if err != nil {
+		r.note("frozen: no leader for the audit: %v", err)
+		return
+	}
+	if err := l.WaitSettled(ctx, leader, 90*time.Second); err != nil {
+		r.note("frozen: not settled for the audit: %v", err)
+	}
+	end := time.Now()
+	if a, err := l.AuditWrites(ctx, leader, pr.probe.Samples()); err == nil {
+		r.note("frozen: audit on %s: %s", leader, a)
+		r.fig("frozen: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
+	} else {
+		r.note("frozen: audit: %v", err)
+	}
+	reportLocalWriter(ctx, l, r, "frozen", NodeA, leader, t0, aPassive, end)
 }
 
 // ackAndSettle is the operator path after a takeover alarm: hapairctl ack,
