@@ -141,6 +141,14 @@ func (f *dbFence) Run(ctx context.Context, now func() time.Duration) error {
 	for {
 		select {
 		case <-ctx.Done():
+			// roled stopping: its step-down asked for the fence just before;
+			// one last bounded attempt, so a stopped roled leaves the
+			// application's roles fenced rather than racing its own exit.
+			if f.want.Load() && f.st.Load().State != FenceSet {
+				fctx, cancel := context.WithTimeout(context.Background(), 2*f.tout)
+				f.attempt(fctx, now)
+				cancel()
+			}
 			return nil
 		case <-f.kick:
 		case <-t.C:
