@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -78,6 +79,37 @@ func Bootstrap(ctx context.Context, l *Lab, r *Result) {
 		return
 	}
 	r.secs("file written through lb visible on nodeb after", time.Since(t0))
+	writeLatency(ctx, l, r, "lab rate (50 ms)", 50*time.Millisecond, 10*time.Second)
+	writeLatency(ctx, l, r, "10x rate (5 ms)", 5*time.Millisecond, 5*time.Second)
+}
+
+// writeLatency probes writes through the balancer at one write per every
+// for d and reports p50/p99 of the acknowledged ones (durability sync waits
+// for the standby on each commit: its cost shows here, beside async).
+func writeLatency(ctx context.Context, l *Lab, r *Result, label string, every, d time.Duration) {
+	p := l.Ctl().NewProbe(every)
+	pctx, cancel := context.WithTimeout(ctx, d)
+	p.Run(pctx)
+	cancel()
+	var lat []time.Duration
+	failed := 0
+	for _, s := range p.Samples() {
+		if s.OK {
+			lat = append(lat, s.End.Sub(s.Start))
+		} else {
+			failed++
+		}
+	}
+	if len(lat) == 0 {
+		r.fail("write latency at %s: no acknowledged write", label)
+		return
+	}
+	slices.Sort(lat)
+	q := func(f float64) time.Duration { return lat[min(len(lat)-1, int(f*float64(len(lat))))] }
+	name := fmt.Sprintf("write latency through lb, durability %s, %s", l.Opt.Durability, label)
+	r.fig(name+": p50", float64(q(0.50).Microseconds())/1000, "ms")
+	r.fig(name+": p99", float64(q(0.99).Microseconds())/1000, "ms")
+	r.note("%s: %d writes acknowledged, %d failed", name, len(lat), failed)
 }
 
 // Switchovers (2): A→B and B→A through hapairctl's switchover, with the
