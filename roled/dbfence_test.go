@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/hapair/hapair/internal/etcdtest"
 	"github.com/hapair/hapair/internal/pgtest"
@@ -188,4 +192,67 @@ func TestDBFenceLiftsInheritedFence(t *testing.T) {
 	if len(cfgs) != 0 {
 		t.Fatalf("app's settings after ACTIVE: %v, want none", cfgs)
 	}
+}
+
+// TestDBFenceWantNeverBlocks: a PostgreSQL that accepts connections and
+// never answers (frozen) holds the fence goroutine inside an attempt, never
+// the caller: Want returns at once (the state loop serves 503 and goes
+// PASSIVE without waiting), and the fence is reported pending with the error.
+func TestDBFenceWantNeverBlocks(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // accepted, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	port := ln.Addr().(*net.TCPAddr).Port
+	f, err := newDBFence(fmt.Sprintf("host=127.0.0.1 port=%d user=postgres sslmode=disable", port),
+		FenceConfig{Roles: []string{"app"}, RetryInterval: 50 * time.Millisecond}, 300*time.Millisecond,
+		zaptest.NewLogger(t), NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { defer close(done); _ = f.Run(ctx, func() time.Duration { return time.Since(start) }) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	f.Want(0)
+	waitFor(t, 10*time.Second, "an attempt under way", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(held) > 0
+	})
+	t0 := time.Now()
+	for range 100 {
+		f.Want(time.Since(start))
+	}
+	// Microseconds each; the bound only guards against waiting for the attempt (300 ms).
+	if d := time.Since(t0); d > 100*time.Millisecond {
+		t.Fatalf("100 Want calls took %s while the fence goroutine waits for PostgreSQL", d)
+	}
+	waitFor(t, 10*time.Second, "fence pending with the error", func() bool {
+		s := f.Status()
+		return s.State == FencePending && s.Attempts >= 2 && s.Error != ""
+	})
 }
