@@ -226,17 +226,22 @@ func (l *Lab) AuditLocal(ctx context.Context, primary, host string, from, to tim
 // into r: rows it acknowledged after the fault began and after roled said
 // PASSIVE (the database fence's job is to make that 0, plus the time the
 // fence takes), and how many of its acknowledged rows the primary lacks.
-func reportLocalWriter(ctx context.Context, l *Lab, r *Result, name, node, primary string, t0, passive, end time.Time) {
-	all, err := l.AuditLocal(ctx, primary, node, t0.Add(-time.Minute), end)
+//
+// The window ends at until: the node's next ACTIVE (its fence is lifted
+// then, with a new epoch, and its writes are legitimate again) or the end.
+// Rows from 2 s before the fault count for "lost": asynchronous
+// replication's loss is the last few milliseconds before it.
+func reportLocalWriter(ctx context.Context, l *Lab, r *Result, name, node, primary string, t0, passive, until time.Time) {
+	all, err := l.AuditLocal(ctx, primary, node, t0.Add(-2*time.Second), until)
 	if err != nil {
 		r.note("%s: local writer audit: %v", name, err)
 		return
 	}
-	after, _ := l.AuditLocal(ctx, primary, node, t0, end)
+	after, _ := l.AuditLocal(ctx, primary, node, t0, until)
 	r.fig(name+": local writer rows acked on "+node+" after the fault", float64(after.Acked), "")
-	r.fig(name+": local writer rows lost ("+node+", from 1 min before)", float64(all.Lost), "")
+	r.fig(name+": local writer rows lost ("+node+", from 2 s before)", float64(all.Lost), "")
 	if !passive.IsZero() {
-		late, _ := l.AuditLocal(ctx, primary, node, passive, end)
+		late, _ := l.AuditLocal(ctx, primary, node, passive, until)
 		r.fig(name+": local writer rows acked on "+node+" after PASSIVE", float64(late.Acked), "")
 		if !late.Last.IsZero() {
 			r.secs(name+": last local ack on "+node+" after PASSIVE", late.Last.Sub(passive))
@@ -247,5 +252,5 @@ func reportLocalWriter(ctx context.Context, l *Lab, r *Result, name, node, prima
 			r.fail("%s: the local writer on %s kept writing %s after roled said PASSIVE (database fence)", name, node, late.Last.Sub(passive))
 		}
 	}
-	r.note("%s: local writer on %s since the fault: %s; from a minute before: %s", name, node, after, all)
+	r.note("%s: local writer on %s since the fault: %s; from 2 s before: %s (until %s)", name, node, after, all, until.Sub(t0).Round(time.Millisecond))
 }

@@ -520,7 +520,7 @@ func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
 	r.note("after heal (+%.1fs): %s", time.Since(t1).Seconds(), a)
 	r.fig("partition: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
 	aPassive, _ := pr.ha.First(NodeA, "passive", t0)
-	reportLocalWriter(ctx, l, r, "partition", NodeA, NodeB, t0, aPassive, t1)
+	reportLocalWriter(ctx, l, r, "partition", NodeA, NodeB, t0, aPassive, activeAgain(pr, NodeA, aPassive, t1))
 	if len(a.Overwritten) > 0 {
 		r.fail("%d files overwritten by the stale node", len(a.Overwritten))
 	}
@@ -635,6 +635,17 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 	frozenAudit(ctx, l, r, pr, t0, aPassive)
 }
 
+// activeAgain is when node was next ACTIVE after passive, else end.
+func activeAgain(pr *probeRun, node string, passive, end time.Time) time.Time {
+	if passive.IsZero() {
+		return end
+	}
+	if t, ok := pr.ha.First(node, "active", passive); ok && t.Before(end) {
+		return t
+	}
+	return end
+}
+
 // frozenAudit counts what the frozen-Patroni run lost, once the pair has
 // settled: acknowledged balancer rows missing on the primary, and the
 // local writer's rows on nodea.
@@ -647,7 +658,7 @@ func frozenAudit(ctx context.Context, l *Lab, r *Result, pr *probeRun, t0, aPass
 	if err := l.WaitSettled(ctx, leader, 90*time.Second); err != nil {
 		r.note("frozen: not settled for the audit: %v", err)
 	}
-	end := time.Now()
+	end := activeAgain(pr, NodeA, aPassive, time.Now())
 	if a, err := l.AuditWrites(ctx, leader, pr.probe.Samples()); err == nil {
 		r.note("frozen: audit on %s: %s", leader, a)
 		r.fig("frozen: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
