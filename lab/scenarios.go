@@ -211,9 +211,13 @@ func DrillBoth(ctx context.Context, l *Lab, r *Result) {
 	}
 	c := l.Ctl()
 	pg := l.NewPGChecker(50 * time.Millisecond)
+	// A second writer through the balancer, for the audit of acknowledged
+	// rows after the kills (the drill's own probe keeps no samples).
+	audit := c.NewProbe(50 * time.Millisecond)
 	pctx, stopPG := context.WithCancel(ctx)
-	pgDone := make(chan struct{})
-	go func() { pg.Run(pctx); close(pgDone) }()
+	pgDone := make(chan struct{}, 2)
+	go func() { pg.Run(pctx); pgDone <- struct{}{} }()
+	go func() { audit.Run(pctx); pgDone <- struct{}{} }()
 	var buf bytes.Buffer
 	var phases []ctl.DrillPhase
 	var err error
@@ -226,6 +230,7 @@ func DrillBoth(ctx context.Context, l *Lab, r *Result) {
 		}
 	}
 	stopPG()
+	<-pgDone
 	<-pgDone
 	ctl.WriteDrillReport(&buf, phases)
 	r.note("drill:\n%s", buf.String())
@@ -249,6 +254,12 @@ func DrillBoth(ctx context.Context, l *Lab, r *Result) {
 	if err != nil {
 		r.fail("no leader after the drill: %v", err)
 		return
+	}
+	if a, err := l.AuditSettled(ctx, leader, audit.Samples(), 30*time.Second); err == nil {
+		r.note("drill audit: %s", a)
+		r.fig("drill: acknowledged rows lost (lb, both kills)", float64(len(a.LostRows)), "")
+	} else {
+		r.note("drill audit: %v", err)
 	}
 	// Sync settles: the ACTIVE's sender has caught up (nothing queued).
 	if n, ok := c.Cfg.Node(leader); ok && n.RoledURL != "" {
