@@ -603,6 +603,7 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 	_ = l.Signal(NodeA, ProcPatroni, 18) // SIGCONT
 	time.Sleep(10 * time.Second)
 	stop()
+	probesEnd := time.Now()
 	aPassive, ok := pr.ha.First(NodeA, "passive", t0)
 	if !ok {
 		r.fail("nodea never went PASSIVE while its Patroni was frozen")
@@ -643,7 +644,7 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 		}
 		ackAndSettle(ctx, l, r)
 	}
-	frozenAudit(ctx, l, r, pr, t0, aPassive)
+	frozenAudit(ctx, l, r, pr, t0, aPassive, probesEnd)
 }
 
 // activeAgain is when node was next ACTIVE after passive, else end.
@@ -660,7 +661,10 @@ func activeAgain(pr *probeRun, node string, passive, end time.Time) time.Time {
 // frozenAudit counts what the frozen-Patroni run lost, once the pair has
 // settled: acknowledged balancer rows missing on the primary, and the
 // local writer's rows on nodea.
-func frozenAudit(ctx context.Context, l *Lab, r *Result, pr *probeRun, t0, aPassive time.Time) {
+// The local writer's window ends at nodea's next ACTIVE or, if the checker
+// did not see one, when the probes stopped: an operator's ack after that
+// makes nodea ACTIVE legitimately (and it then writes again).
+func frozenAudit(ctx context.Context, l *Lab, r *Result, pr *probeRun, t0, aPassive, probesEnd time.Time) {
 	leader, err := l.Ctl().Leader(ctx)
 	if err != nil {
 		r.note("frozen: no leader for the audit: %v", err)
@@ -669,7 +673,7 @@ func frozenAudit(ctx context.Context, l *Lab, r *Result, pr *probeRun, t0, aPass
 	if err := l.WaitSettled(ctx, leader, 90*time.Second); err != nil {
 		r.note("frozen: not settled for the audit: %v", err)
 	}
-	end := activeAgain(pr, NodeA, aPassive, time.Now())
+	end := activeAgain(pr, NodeA, aPassive, probesEnd)
 	if a, err := l.AuditWrites(ctx, leader, pr.probe.Samples()); err == nil {
 		r.note("frozen: audit on %s: %s", leader, a)
 		r.fig("frozen: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
