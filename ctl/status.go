@@ -104,7 +104,13 @@ type RoledNode struct {
 	// not publish them).
 	Readiness   *roled.Readiness   `json:"readiness,omitempty"`
 	StuckLeader *roled.StuckLeader `json:"stuck_leader,omitempty"`
-	Error       string             `json:"error,omitempty"`
+	// Postgres carries the commit canary and the database fence (issue 19).
+	Postgres *struct {
+		Durability string               `json:"durability,omitempty"`
+		Commits    *roled.CommitSummary `json:"commits,omitempty"`
+		Fence      *roled.FenceStatus   `json:"fence,omitempty"`
+	} `json:"postgres,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // LBServer is one server of the balancer's active-passive backend.
@@ -377,6 +383,11 @@ func (s Status) WriteTable(w io.Writer) error {
 			r.Sync.QuarantinedTotal, alarm, readyCell(r))
 	}
 	for _, r := range s.Roled {
+		if line := durabilityLine(r); line != "" {
+			fmt.Fprintf(tw, "postgres\t%s\t\t\t\t\t\t\n", line)
+		}
+	}
+	for _, r := range s.Roled {
 		if r.VIP != nil && len(r.VIP.Held) > 0 {
 			fmt.Fprintf(tw, "vip\t%s\ton %s (%s)\t\t\t\t\n", strings.Join(r.VIP.Held, " "), r.Node, r.VIP.Interface)
 		}
@@ -414,6 +425,33 @@ func (s Status) WriteTable(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", b.Backend, b.Name, state, yes(b.Eligible), b.Epoch, lc, b.LastReason)
 	}
 	return tw.Flush()
+}
+
+// durabilityLine reports what needs a person's eye: commits that hang on a
+// node's primary, a database fence set or still pending. "" otherwise.
+func durabilityLine(r RoledNode) string {
+	p := r.Postgres
+	if r.Error != "" || p == nil {
+		return ""
+	}
+	var parts []string
+	if c := p.Commits; c != nil && c.Hung {
+		s := fmt.Sprintf("COMMITS HANG on %s for %.1f s (durability %s)", r.Node, c.HungForSeconds, p.Durability)
+		if c.HoldsRole {
+			s += ", held PASSIVE"
+		}
+		parts = append(parts, s)
+	}
+	if f := p.Fence; f != nil {
+		switch f.State {
+		case roled.FenceSet:
+			parts = append(parts, fmt.Sprintf("db fence set on %s (%s read-only, %.2f s after leaving ACTIVE)",
+				r.Node, strings.Join(f.Roles, ", "), f.SetAfterSeconds))
+		case roled.FencePending:
+			parts = append(parts, fmt.Sprintf("DB FENCE PENDING on %s (%d attempts: %s)", r.Node, f.Attempts, f.Error))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // readyCell is roled's own readiness for the table: "yes", the reason with

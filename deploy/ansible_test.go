@@ -534,6 +534,10 @@ func (c *converge) checkRendered(t *testing.T) {
 		if dcs["check_timeline"] != true {
 			t.Errorf("%s: check_timeline = %v, want true (lab scenario 12 lost writes without it)", host, dcs["check_timeline"])
 		}
+		// hapair_durability's default, async.
+		if dcs["synchronous_mode"] != false || dcs["synchronous_mode_strict"] != false {
+			t.Errorf("%s: synchronous_mode %v, strict %v; want false, false (hapair_durability async)", host, dcs["synchronous_mode"], dcs["synchronous_mode_strict"])
+		}
 		pg := dcs["postgresql"].(map[string]any)
 		if pg["use_pg_rewind"] != true || pg["parameters"].(map[string]any)["wal_log_hints"] != "on" {
 			t.Errorf("%s: pg_rewind/wal_log_hints not set: %v", host, pg)

@@ -43,6 +43,9 @@ func RunApp(ctx context.Context, args []string) error {
 	dir := fs.String("dir", "", "synced directory")
 	marker := fs.String("marker", "", "roled marker file")
 	dsn := fs.String("dsn", "postgres://postgres:postgres@127.0.0.1:5432/postgres?connect_timeout=1", "local PostgreSQL")
+	lwLog := fs.String("local-writer-log", "", "run the local writer (localwriter.go), logging acknowledged rows here")
+	lwDSN := fs.String("local-writer-dsn", "postgres://"+LocalWriterRole+"@127.0.0.1:5432/postgres?connect_timeout=1", "the local writer's PostgreSQL")
+	lwEvery := fs.Duration("local-writer-every", 100*time.Millisecond, "the local writer's period")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -56,6 +59,14 @@ func RunApp(ctx context.Context, args []string) error {
 	mux.HandleFunc("/health", a.health)
 	mux.HandleFunc("/write", a.write)
 	mux.HandleFunc("/check", a.check)
+	if *lwLog != "" {
+		lw, err := newLocalWriter(*node, *dsn, *lwDSN, *lwLog, *lwEvery)
+		if err != nil {
+			return fmt.Errorf("local writer: %w", err)
+		}
+		go lw.run(ctx)
+		mux.HandleFunc("/local-writes", lw.handle)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {

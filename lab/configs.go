@@ -164,10 +164,16 @@ patroni:
   fast-poll-interval: %[14]s
   timeout: %[15]s
   ttl: %[16]s
+durability: %[18]s
 postgres:
   enabled: true
   dsn: "host=%[6]s port=5432 user=postgres dbname=postgres sslmode=disable"
   timeout: %[17]s
+  # The local writer's role (lab/localwriter.go): read-only while the node
+  # is not ACTIVE. The web app connects as postgres, guarded by 503 alone.
+  fence:
+    roles: [%[19]s]
+    retry-interval: 500ms
 marker:
   path: %[7]s
 agent:
@@ -175,7 +181,7 @@ agent:
   passive-reply: down
 %[8]s`, host, RoledPort, yamlList(EtcdEndpoints()), PatroniPort, Scope, l.path(host, "pgrun"),
 		l.path(host, "state", "active"), l.syncSection(host, t), t.LeaseTTL, t.SafetyMargin, t.KeepAliveInterval, t.RereadInterval,
-		t.PollInterval, t.FastPollInterval, t.PatroniTimeout, t.PatroniTTL, t.PostgresTimeout)
+		t.PollInterval, t.FastPollInterval, t.PatroniTimeout, t.PatroniTTL, t.PostgresTimeout, l.Opt.Durability, LocalWriterRole)
 	if l.Opt.VIP {
 		body += fmt.Sprintf("vip:\n  address: %s/24\n  interface: eth0\n", VIPAddr)
 	}

@@ -22,6 +22,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/hapair/hapair/roled"
 )
 
 // DefaultRoot holds every lab's state directory (<root>/<tag>).
@@ -42,6 +44,10 @@ type Options struct {
 	// VIP gives roled a vip section (VIPAddr on eth0): the service address
 	// follows ACTIVE (issue 20; scenario 10-vip-switchover).
 	VIP bool `json:"vip"`
+	// Durability is async (default), sync or sync-strict (roled's words):
+	// Patroni's synchronous_mode(_strict) in the bootstrap DCS config and
+	// roled's durability (commit canary; sync-strict holds on hung commits).
+	Durability string `json:"durability,omitempty"`
 	// Owned marks a lab whose creating process tears it down itself (demo,
 	// test, soak): "down" leaves it alone while that process lives.
 	Owned bool `json:"owned"`
@@ -78,6 +84,11 @@ func NewLab(opt Options, out io.Writer) (*Lab, error) {
 	if opt.Repeat < 1 {
 		opt.Repeat = 1
 	}
+	dur, err := roled.ParseDurability(opt.Durability)
+	if err != nil {
+		return nil, err
+	}
+	opt.Durability = string(dur)
 	if opt.RTO != "" {
 		hold, err := checkRTO(opt.RTO)
 		if err != nil {

@@ -25,7 +25,7 @@ func TestPatroniConfigModes(t *testing.T) {
 				BinDir string `yaml:"bin_dir"`
 			} `yaml:"postgresql"`
 		}
-		text := patroniConfig(NodeA, mode, "/d/pg", "/d/run", budget.FileOf(0, labTimers()).Patroni)
+		text := patroniConfig(NodeA, mode, "/d/pg", "/d/run", budget.FileOf(0, labTimers()).Patroni, "")
 		if err := yaml.Unmarshal([]byte(text), &cfg); err != nil {
 			t.Fatalf("%s: %v\n%s", mode, err, text)
 		}

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/hapair/hapair/budget"
+	"github.com/hapair/hapair/roled"
 )
 
 // DCS modes for Patroni's etcd3 section.
@@ -24,8 +25,9 @@ const Scope = "hapair"
 // patroniConfig renders the Patroni 3.0.2 YAML for data node host. Paths
 // follow LAB.md §8: pgpass and socket dir in a postgres-owned run dir, PGDATA
 // inside a postgres-owned parent, bin_dir set, locale C.UTF-8.
-// dcs holds ttl, loop_wait and retry_timeout in seconds (the budget's).
-func patroniConfig(host, mode, dataParent, runDir string, dcs budget.PatroniFile) string {
+// dcs holds ttl, loop_wait and retry_timeout in seconds (the budget's);
+// durability (Options.Durability) adds synchronous_mode(_strict).
+func patroniConfig(host, mode, dataParent, runDir string, dcs budget.PatroniFile, durability string) string {
 	var hosts []string
 	for _, h := range []string{NodeA, NodeB, Witness} {
 		if mode == DCSRemote && h == host {
@@ -63,7 +65,7 @@ bootstrap:
     # death, promote itself onto timeline 2 again and lose the 249-292
     # writes nodeb had acknowledged there.
     check_timeline: true
-    postgresql:
+%[12]s    postgresql:
       use_pg_rewind: true
       use_slots: true
       parameters:
@@ -102,5 +104,18 @@ postgresql:
     unix_socket_directories: %[7]s
     password_encryption: scram-sha-256
 tags: {nofailover: false, noloadbalance: false, clonefrom: false, nosync: false}
-`, Scope, host, ip, strings.Join(hosts, "\n"), proxies, dataParent, runDir, Subnet, dcs.TTL, dcs.LoopWait, dcs.RetryTimeout)
+`, Scope, host, ip, strings.Join(hosts, "\n"), proxies, dataParent, runDir, Subnet, dcs.TTL, dcs.LoopWait, dcs.RetryTimeout, syncModeLines(durability))
+}
+
+// syncModeLines is the bootstrap DCS part of a durability mode (Patroni's
+// dynamic settings; the Ansible role PATCHes the same keys on a running
+// cluster).
+func syncModeLines(durability string) string {
+	switch roled.Durability(durability) {
+	case roled.DurabilitySync:
+		return "    synchronous_mode: true\n"
+	case roled.DurabilitySyncStrict:
+		return "    synchronous_mode: true\n    synchronous_mode_strict: true\n"
+	}
+	return ""
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -79,6 +80,37 @@ func Bootstrap(ctx context.Context, l *Lab, r *Result) {
 		return
 	}
 	r.secs("file written through lb visible on nodeb after", time.Since(t0))
+	writeLatency(ctx, l, r, "lab rate (50 ms)", 50*time.Millisecond, 10*time.Second)
+	writeLatency(ctx, l, r, "10x rate (5 ms)", 5*time.Millisecond, 5*time.Second)
+}
+
+// writeLatency probes writes through the balancer at one write per every
+// for d and reports p50/p99 of the acknowledged ones (durability sync waits
+// for the standby on each commit: its cost shows here, beside async).
+func writeLatency(ctx context.Context, l *Lab, r *Result, label string, every, d time.Duration) {
+	p := l.Ctl().NewProbe(every)
+	pctx, cancel := context.WithTimeout(ctx, d)
+	p.Run(pctx)
+	cancel()
+	var lat []time.Duration
+	failed := 0
+	for _, s := range p.Samples() {
+		if s.OK {
+			lat = append(lat, s.End.Sub(s.Start))
+		} else {
+			failed++
+		}
+	}
+	if len(lat) == 0 {
+		r.fail("write latency at %s: no acknowledged write", label)
+		return
+	}
+	slices.Sort(lat)
+	q := func(f float64) time.Duration { return lat[min(len(lat)-1, int(f*float64(len(lat))))] }
+	name := fmt.Sprintf("write latency through lb, durability %s, %s", l.Opt.Durability, label)
+	r.fig(name+": p50", float64(q(0.50).Microseconds())/1000, "ms")
+	r.fig(name+": p99", float64(q(0.99).Microseconds())/1000, "ms")
+	r.note("%s: %d writes acknowledged, %d failed", name, len(lat), failed)
 }
 
 // Switchovers (2): A→B and B→A through hapairctl's switchover, with the
@@ -180,9 +212,13 @@ func DrillBoth(ctx context.Context, l *Lab, r *Result) {
 	}
 	c := l.Ctl()
 	pg := l.NewPGChecker(50 * time.Millisecond)
+	// A second writer through the balancer, for the audit of acknowledged
+	// rows after the kills (the drill's own probe keeps no samples).
+	audit := c.NewProbe(50 * time.Millisecond)
 	pctx, stopPG := context.WithCancel(ctx)
-	pgDone := make(chan struct{})
-	go func() { pg.Run(pctx); close(pgDone) }()
+	pgDone := make(chan struct{}, 2)
+	go func() { pg.Run(pctx); pgDone <- struct{}{} }()
+	go func() { audit.Run(pctx); pgDone <- struct{}{} }()
 	var buf bytes.Buffer
 	var phases []ctl.DrillPhase
 	var err error
@@ -195,6 +231,7 @@ func DrillBoth(ctx context.Context, l *Lab, r *Result) {
 		}
 	}
 	stopPG()
+	<-pgDone
 	<-pgDone
 	ctl.WriteDrillReport(&buf, phases)
 	r.note("drill:\n%s", buf.String())
@@ -218,6 +255,12 @@ func DrillBoth(ctx context.Context, l *Lab, r *Result) {
 	if err != nil {
 		r.fail("no leader after the drill: %v", err)
 		return
+	}
+	if a, err := l.AuditSettled(ctx, leader, audit.Samples(), 30*time.Second); err == nil {
+		r.note("drill audit: %s", a)
+		r.fig("drill: acknowledged rows lost (lb, both kills)", float64(len(a.LostRows)), "")
+	} else {
+		r.note("drill audit: %v", err)
 	}
 	// Sync settles: the ACTIVE's sender has caught up (nothing queued).
 	if n, ok := c.Cfg.Node(leader); ok && n.RoledURL != "" {
@@ -533,6 +576,9 @@ func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
 		return
 	}
 	r.note("after heal (+%.1fs): %s", time.Since(t1).Seconds(), a)
+	r.fig("partition: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
+	aPassive, _ := pr.ha.First(NodeA, "passive", t0)
+	reportLocalWriter(ctx, l, r, "partition", NodeA, NodeB, t0, aPassive, activeAgain(pr, NodeA, aPassive, t1))
 	if len(a.Overwritten) > 0 {
 		r.fail("%d files overwritten by the stale node", len(a.Overwritten))
 	}
@@ -604,6 +650,7 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 	_ = l.Signal(NodeA, ProcPatroni, 18) // SIGCONT
 	time.Sleep(10 * time.Second)
 	stop()
+	probesEnd := time.Now()
 	aPassive, ok := pr.ha.First(NodeA, "passive", t0)
 	if !ok {
 		r.fail("nodea never went PASSIVE while its Patroni was frozen")
@@ -644,6 +691,43 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 		}
 		ackAndSettle(ctx, l, r)
 	}
+	frozenAudit(ctx, l, r, pr, t0, aPassive, probesEnd)
+}
+
+// activeAgain is when node was next ACTIVE after passive, else end.
+func activeAgain(pr *probeRun, node string, passive, end time.Time) time.Time {
+	if passive.IsZero() {
+		return end
+	}
+	if t, ok := pr.ha.First(node, "active", passive); ok && t.Before(end) {
+		return t
+	}
+	return end
+}
+
+// frozenAudit counts what the frozen-Patroni run lost, once the pair has
+// settled: acknowledged balancer rows missing on the primary, and the
+// local writer's rows on nodea.
+// The local writer's window ends at nodea's next ACTIVE or, if the checker
+// did not see one, when the probes stopped: an operator's ack after that
+// makes nodea ACTIVE legitimately (and it then writes again).
+func frozenAudit(ctx context.Context, l *Lab, r *Result, pr *probeRun, t0, aPassive, probesEnd time.Time) {
+	leader, err := l.Ctl().Leader(ctx)
+	if err != nil {
+		r.note("frozen: no leader for the audit: %v", err)
+		return
+	}
+	if err := l.WaitSettled(ctx, leader, 90*time.Second); err != nil {
+		r.note("frozen: not settled for the audit: %v", err)
+	}
+	end := activeAgain(pr, NodeA, aPassive, probesEnd)
+	if a, err := l.AuditWrites(ctx, leader, pr.probe.Samples()); err == nil {
+		r.note("frozen: audit on %s: %s", leader, a)
+		r.fig("frozen: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
+	} else {
+		r.note("frozen: audit: %v", err)
+	}
+	reportLocalWriter(ctx, l, r, "frozen", NodeA, leader, t0, aPassive, end)
 }
 
 // ackAndSettle is the operator path after a takeover alarm: hapairctl ack,

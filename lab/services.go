@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hapair/hapair/budget"
+	"github.com/hapair/hapair/roled"
 )
 
 // Process names, as used in pid and log file names.
@@ -77,7 +78,7 @@ func (l *Lab) startEtcd(host string) error {
 // startPatroni runs Patroni as postgres, with LAB.md §8's environment.
 func (l *Lab) startPatroni(host string) error {
 	cfgPath := l.path(host, "patroni.yml")
-	cfg := patroniConfig(host, l.Opt.DCSMode, l.path(host, "pg"), l.path(host, "pgrun"), budget.FileOf(0, l.timers()).Patroni)
+	cfg := patroniConfig(host, l.Opt.DCSMode, l.path(host, "pg"), l.path(host, "pgrun"), budget.FileOf(0, l.timers()).Patroni, l.Opt.Durability)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err
 	}
@@ -89,7 +90,8 @@ func (l *Lab) startPatroni(host string) error {
 
 func (l *Lab) startApp(host string) error {
 	_, err := l.Spawn(host, ProcApp, baseEnv(), l.Opt.SelfExe, "app", "-node", host,
-		"-dir", l.path(host, "files"), "-marker", l.path(host, "state", "active"))
+		"-dir", l.path(host, "files"), "-marker", l.path(host, "state", "active"),
+		"-local-writer-log", l.path(host, "state", LocalWriterLog))
 	return err
 }
 
@@ -235,6 +237,14 @@ func (l *Lab) settledProblem(primary string) string {
 	}
 	if l.httpCode(Client, "http://"+IP(replica)+":8008/replica", time.Second) != 200 {
 		return replica + " not Patroni replica"
+	}
+	// In synchronous mode Patroni fails over only to the standby it has
+	// registered as synchronous (its /sync key); until the new leader's next
+	// loop has done that, a fault of the leader gets no failover at all
+	// (measured: a freeze 1 s after a switchover, no takeover for 20 s).
+	if roled.Durability(l.Opt.Durability).Synchronous() &&
+		l.httpCode(Client, "http://"+IP(replica)+":8008/sync", time.Second) != 200 {
+		return replica + " not yet Patroni's synchronous standby"
 	}
 	for _, h := range DataNodes {
 		if l.httpCode(Client, "http://"+IP(h)+":8080/health", time.Second) != 200 {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/hapair/hapair/budget"
 	"github.com/hapair/hapair/internal/config"
 	"github.com/hapair/hapair/syncdir"
@@ -36,6 +38,17 @@ type Config struct {
 	// QuorumCheckInterval: period of the linearizable probe that keeps that
 	// proof fresh (default 200ms; at most a third of quorum-loss-after).
 	QuorumCheckInterval time.Duration `yaml:"quorum-check-interval"`
+
+	// Durability is the replication promise (DESIGN.md §10): async (the
+	// default: Patroni's asynchronous replication, a kill may lose the last
+	// commits), sync (Patroni synchronous_mode: an acknowledged commit is on
+	// the standby; while the standby is away Patroni drops to async after a
+	// few seconds of hung commits) or sync-strict (synchronous_mode_strict:
+	// no commit at all while the standby is away). It must match Patroni's
+	// dynamic configuration (the Ansible role and the lab render both from
+	// one setting). sync and sync-strict turn the commit canary on;
+	// sync-strict also makes a node whose commits hang PASSIVE (503).
+	Durability Durability `yaml:"durability"`
 
 	Etcd         config.Etcd        `yaml:"etcd"`
 	Patroni      PatroniConfig      `yaml:"patroni"`
@@ -89,6 +102,71 @@ type PostgresConfig struct {
 	// makes the node PASSIVE within about one interval of that, not one
 	// Patroni poll, without polling Patroni's REST API faster.
 	ActiveInterval time.Duration `yaml:"active-interval"`
+	// Canary is the commit canary (canary.go).
+	Canary CanaryConfig `yaml:"canary"`
+	// Fence is the database fence (dbfence.go), on when it lists roles.
+	Fence FenceConfig `yaml:"fence"`
+}
+
+// Durability is the replication promise: async, sync or sync-strict.
+type Durability string
+
+// The durability modes, in the words of the inventory and of hapair-lab's
+// --durability.
+const (
+	DurabilityAsync      Durability = "async"
+	DurabilitySync       Durability = "sync"
+	DurabilitySyncStrict Durability = "sync-strict"
+)
+
+// ParseDurability checks a durability word ("" is async).
+func ParseDurability(s string) (Durability, error) {
+	switch d := Durability(s); d {
+	case "":
+		return DurabilityAsync, nil
+	case DurabilityAsync, DurabilitySync, DurabilitySyncStrict:
+		return d, nil
+	}
+	return "", fmt.Errorf("durability %q: want async, sync or sync-strict", s)
+}
+
+// Synchronous reports whether Patroni runs synchronous_mode.
+func (d Durability) Synchronous() bool { return d == DurabilitySync || d == DurabilitySyncStrict }
+
+// CanaryConfig is the commit canary: one row of a heartbeat table committed
+// on the local primary every interval, to tell "accepts writes" from
+// "accepts connections but commits hang".
+type CanaryConfig struct {
+	// Enabled runs the canary under durability async too (sync and
+	// sync-strict always run it). Default false.
+	Enabled bool `yaml:"enabled"`
+	// Interval between canary commits (default 500ms). One commit runs at a
+	// time: a hung one holds one backend, never one per interval.
+	Interval time.Duration `yaml:"interval"`
+	// HangAfter: a canary commit not complete after this long is cancelled
+	// and the node's commits count as hung (default 2s). A hang is thus
+	// reported within interval + hang-after of the first hung commit.
+	HangAfter time.Duration `yaml:"hang-after"`
+	// Table is the heartbeat table, created if missing by roled's own role
+	// in the DSN's database, one row per node (default hapair_canary).
+	Table string `yaml:"table"`
+	// SynchronousCommit is the synchronous_commit the canary commits at: the
+	// application's (on, remote_apply, remote_write, local, off). Default ""
+	// keeps the server's default, which is what the application gets unless
+	// its role or session sets another.
+	SynchronousCommit string `yaml:"synchronous-commit"`
+}
+
+// FenceConfig is the database fence: the application's PostgreSQL roles
+// are made read-only while this node is not ACTIVE (dbfence.go).
+type FenceConfig struct {
+	// Roles: the application's roles (login names). Empty (default)
+	// disables the fence. Never list Patroni's superuser, replication or
+	// rewind user, nor the user of postgres.dsn.
+	Roles []string `yaml:"roles"`
+	// RetryInterval: how often a fence that could not be set is retried,
+	// and a set one re-checked (default 1s).
+	RetryInterval time.Duration `yaml:"retry-interval"`
 }
 
 // MarkerConfig is the marker file present only while ACTIVE.
@@ -157,8 +235,12 @@ func DefaultConfig() Config {
 			DSN:            "host=/var/run/postgresql port=5432 user=postgres dbname=postgres sslmode=disable",
 			Timeout:        time.Second,
 			ActiveInterval: 100 * time.Millisecond,
+			Canary: CanaryConfig{Interval: 500 * time.Millisecond, HangAfter: 2 * time.Second,
+				Table: "hapair_canary"},
+			Fence: FenceConfig{RetryInterval: time.Second},
 		},
-		Marker: MarkerConfig{Path: "/var/lib/app-ha/active"},
+		Durability: DurabilityAsync,
+		Marker:     MarkerConfig{Path: "/var/lib/app-ha/active"},
 		Hooks: HooksConfig{
 			Timeout:           30 * time.Second,
 			FailureBackoff:    2 * time.Second,
@@ -195,7 +277,7 @@ func (c Config) SyncConfig() syncdir.Config {
 // Validate checks every field and the relations between them. Errors name the
 // full YAML path and the value received.
 func (c Config) Validate() error {
-	checks := []func() error{c.validateTop, c.validateTiming, c.validatePatroni,
+	checks := []func() error{c.validateTop, c.validateTiming, c.validatePatroni, c.validateDurability,
 		c.validateOutputs, c.validateAgents, c.validateReadiness}
 	for _, f := range checks {
 		if err := f(); err != nil {
@@ -300,6 +382,58 @@ func (c Config) validatePatroni() error {
 	}
 	if c.Postgres.ActiveInterval <= 0 || c.Postgres.ActiveInterval > c.Patroni.PollInterval {
 		return config.Errorf("postgres.active-interval", c.Postgres.ActiveInterval, "must be positive and at most patroni.poll-interval (%s)", c.Patroni.PollInterval)
+	}
+	return nil
+}
+
+// CanaryOn reports whether the commit canary runs.
+func (c Config) CanaryOn() bool {
+	return c.Postgres.Enabled && (c.Durability.Synchronous() || c.Postgres.Canary.Enabled)
+}
+
+func (c Config) validateDurability() error {
+	if _, err := ParseDurability(string(c.Durability)); err != nil {
+		return config.Errorf("durability", c.Durability, "want async, sync or sync-strict")
+	}
+	if c.Durability.Synchronous() && !c.Postgres.Enabled {
+		return config.Errorf("durability", c.Durability, "needs postgres.enabled (the commit canary)")
+	}
+	k := c.Postgres.Canary
+	if c.CanaryOn() {
+		if k.Interval <= 0 {
+			return config.Errorf("postgres.canary.interval", k.Interval, "must be positive")
+		}
+		if k.HangAfter < 100*time.Millisecond || k.HangAfter >= c.LeaseTTL {
+			return config.Errorf("postgres.canary.hang-after", k.HangAfter, "must be at least 100ms and below lease-ttl (%s)", c.LeaseTTL)
+		}
+		if k.Table == "" || strings.ContainsAny(k.Table, "\x00") {
+			return config.Errorf("postgres.canary.table", k.Table, "required")
+		}
+	}
+	switch k.SynchronousCommit {
+	case "", "on", "remote_apply", "remote_write", "local", "off":
+	default:
+		return config.Errorf("postgres.canary.synchronous-commit", k.SynchronousCommit, "want on, remote_apply, remote_write, local or off")
+	}
+	f := c.Postgres.Fence
+	if len(f.Roles) == 0 {
+		return nil
+	}
+	if !c.Postgres.Enabled {
+		return config.Errorf("postgres.fence.roles", f.Roles, "needs postgres.enabled")
+	}
+	if f.RetryInterval <= 0 {
+		return config.Errorf("postgres.fence.retry-interval", f.RetryInterval, "must be positive")
+	}
+	own := ""
+	if cc, err := pgx.ParseConfig(c.Postgres.DSN); err == nil {
+		own = cc.User
+	}
+	for _, r := range f.Roles {
+		if r == "" || r == own {
+			return config.Errorf("postgres.fence.roles", f.Roles,
+				"must not be empty nor name roled's own user (%q, postgres.dsn): roled's canary and fence use it", own)
+		}
 	}
 	return nil
 }

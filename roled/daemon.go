@@ -24,6 +24,8 @@ import (
 //   - etcd: linearizable reads of the leader, active and alarm keys, on watch
 //     events and every reread-interval; raises and clears takeover alarms;
 //   - patroni: polls Patroni and PostgreSQL;
+//   - canary: commits a heartbeat row on the local primary (canary.go);
+//   - fence: sets the database fence after leaving ACTIVE (dbfence.go);
 //   - state: the only goroutine that changes the role (see stateLoop);
 //   - heartbeat, HTTP, agent-check listeners, optional replica agent and PHP-FPM.
 //
@@ -37,6 +39,8 @@ type Daemon struct {
 
 	patroni *patroniClient
 	pg      *pgChecker // nil when postgres.enabled is false
+	canary  *canary    // nil when the commit canary is off (CanaryOn)
+	fence   *dbFence   // nil without postgres.fence.roles
 	cli     *clientv3.Client
 
 	httpLn, agentLn, replicaLn net.Listener
@@ -44,6 +48,7 @@ type Daemon struct {
 	lease     atomic.Pointer[leaseState]
 	etcdView  atomic.Pointer[etcdView]
 	localView atomic.Pointer[localView]
+	commits   atomic.Pointer[CommitView] // the canary's last verdict (canary.go)
 	snap      atomic.Pointer[snapshot]
 	replica   atomic.Pointer[replicaState]
 	fpm       atomic.Pointer[fpmStatus]
@@ -129,6 +134,21 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*Daemon, error) {
 		}
 		d.pg = pg
 	}
+	if cfg.CanaryOn() {
+		k, err := newCanary(cfg.Postgres.DSN, cfg.Node, cfg.Postgres.Canary, cfg.Postgres.Timeout)
+		if err != nil {
+			return nil, config.Errorf("postgres.dsn", cfg.Postgres.DSN, "%v", err)
+		}
+		d.canary = k
+	}
+	if len(cfg.Postgres.Fence.Roles) > 0 {
+		f, err := newDBFence(cfg.Postgres.DSN, cfg.Postgres.Fence, cfg.Postgres.Timeout, lg.Named("fence"), m)
+		if err != nil {
+			return nil, config.Errorf("postgres.dsn", cfg.Postgres.DSN, "%v", err)
+		}
+		d.fence = f
+	}
+	d.commits.Store(&CommitView{})
 	d.lease.Store(&leaseState{})
 	d.etcdView.Store(&etcdView{})
 	d.localView.Store(&localView{})
@@ -257,6 +277,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if d.cfg.PHPFPM.URL != "" {
 		g.Go(func() error { return d.fpmLoop(gctx) })
+	}
+	if d.canary != nil {
+		g.Go(func() error { return d.canaryLoop(gctx) })
+	}
+	if d.fence != nil {
+		g.Go(func() error { return d.fence.Run(gctx, d.now) })
 	}
 	stateErr := make(chan error, 1)
 	go func() { stateErr <- d.stateLoop(ctx, gctx) }()

@@ -38,12 +38,14 @@ const (
 	ReasonPatroniNotLeader Reason = "patroni_not_primary"
 	ReasonPostgresDown     Reason = "postgres_unreachable"
 	ReasonInRecovery       Reason = "postgres_in_recovery"
+	ReasonCommitsHung      Reason = "postgres_commits_hung" // durability sync-strict only
 	ReasonLeaderMissing    Reason = "leader_key_missing"
 	ReasonLeaderOther      Reason = "leader_key_names_other"
 	ReasonActiveHeld       Reason = "active_key_held_by_other"
 	ReasonActiveLost       Reason = "active_key_lost"
 	ReasonHookBackoff      Reason = "on_active_backoff"
 	ReasonHookFailed       Reason = "on_active_failed"
+	ReasonFenceLift        Reason = "db_fence_lift_failed"
 	ReasonAcquireFailed    Reason = "acquire_failed"
 	ReasonStarting         Reason = "starting"
 	ReasonPrimary          Reason = "primary"
@@ -111,6 +113,12 @@ type Observation struct {
 
 	Patroni  PatroniView
 	Postgres PostgresView
+	// Commits is the commit canary's verdict; HoldOnHungCommits (durability
+	// sync-strict) makes hung commits a reason for PASSIVE: 503 lets the
+	// balancer hold requests instead of piling them up on a primary where
+	// no commit can complete until the standby is back.
+	Commits           CommitView
+	HoldOnHungCommits bool
 
 	Member string // this node's Patroni member name
 	Node   string // this node's name
@@ -202,6 +210,8 @@ func patroniAndPostgres(o Observation, now time.Duration) (Reason, bool) {
 		return ReasonPostgresDown, false
 	case pg.InRecovery:
 		return ReasonInRecovery, false
+	case o.HoldOnHungCommits && o.Commits.Hung:
+		return ReasonCommitsHung, false
 	}
 	return "", true
 }

@@ -82,6 +82,25 @@ func TestDecide(t *testing.T) {
 		{"hook backoff", RolePassive, func(o *Observation) { o.HookBackoffUntil = sec(11) }, RolePassive, ReasonHookBackoff},
 		{"hook backoff over", RolePassive, func(o *Observation) { o.HookBackoffUntil = sec(10) }, RoleActive, ReasonPrimary},
 		{"deadline wins over a good patroni", RolePassive, func(o *Observation) { o.Deadline = sec(9) }, RolePassive, ReasonDeadline},
+		{"commits hang, sync-strict: passive (503)", RoleActive, func(o *Observation) {
+			held(o)
+			o.HoldOnHungCommits, o.Commits = true, CommitView{Checked: true, Hung: true, HungSince: sec(8)}
+		}, RolePassive, ReasonCommitsHung},
+		{"commits hang, sync-strict, passive stays passive", RolePassive, func(o *Observation) {
+			o.HoldOnHungCommits, o.Commits = true, CommitView{Checked: true, Hung: true}
+		}, RolePassive, ReasonCommitsHung},
+		{"commits hang, sync or async: reported, still active", RoleActive, func(o *Observation) {
+			held(o)
+			o.Commits = CommitView{Checked: true, Hung: true, HungSince: sec(8)}
+		}, RoleActive, ReasonPrimary},
+		{"commits complete, sync-strict: active", RolePassive, func(o *Observation) {
+			o.HoldOnHungCommits, o.Commits = true, CommitView{Checked: true, LastOK: sec(9.9)}
+		}, RoleActive, ReasonPrimary},
+		{"postgres down is reported before hung commits", RoleActive, func(o *Observation) {
+			held(o)
+			o.Postgres.Err = "connection refused"
+			o.HoldOnHungCommits, o.Commits = true, CommitView{Checked: true, Hung: true}
+		}, RolePassive, ReasonPostgresDown},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -50,6 +50,12 @@ type PostgresSummary struct {
 	Checked    bool   `json:"checked"`
 	InRecovery bool   `json:"in_recovery"`
 	Error      string `json:"error,omitempty"`
+	// Durability is roled's durability setting (async, sync, sync-strict).
+	Durability string `json:"durability,omitempty"`
+	// Commits is the commit canary (nil when it is off).
+	Commits *CommitSummary `json:"commits,omitempty"`
+	// Fence is the database fence (nil without postgres.fence.roles).
+	Fence *FenceStatus `json:"fence,omitempty"`
 }
 
 // LeaseSummary is the fencing lease.
@@ -95,7 +101,12 @@ func (d *Daemon) Status() Status {
 		st.Patroni.LagBytes = ev.optime - r
 	}
 	pg := lv.postgres
-	st.Postgres = PostgresSummary{Checked: !pg.Disabled && p.At > 0, InRecovery: pg.InRecovery, Error: pg.Err}
+	st.Postgres = PostgresSummary{Checked: !pg.Disabled && p.At > 0, InRecovery: pg.InRecovery, Error: pg.Err,
+		Durability: string(d.cfg.Durability), Commits: d.commitSummary(now)}
+	if d.fence != nil {
+		fs := d.fence.Status()
+		st.Postgres.Fence = &fs
+	}
 	st.Lease = LeaseSummary{ID: leaseHex(l.id), TTLSeconds: l.ttl.Seconds(),
 		DeadlineInSeconds: (l.deadline - now).Seconds()}
 	if l.lastSent > 0 {

@@ -28,6 +28,10 @@ type Metrics struct {
 	takeovers            prometheus.Counter
 	agentRequests        *prometheus.CounterVec
 	fpmErrors            prometheus.Counter
+	canaryLatency        prometheus.Histogram
+	canaryFailures       prometheus.Counter
+	fenceErrors          *prometheus.CounterVec
+	fenceSetSeconds      prometheus.Gauge
 }
 
 func name(n string) string { return prometheus.BuildFQName(ns, sub, n) }
@@ -62,6 +66,19 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "HAProxy agent-check connections answered, by agent (app, replica)."}, []string{"agent"}),
 		fpmErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: name("fpm_scrape_errors_total"),
 			Help: "Failed reads of the PHP-FPM status page."}),
+	}
+	m.canaryLatency = prometheus.NewHistogram(prometheus.HistogramOpts{Name: name("commit_canary_duration_seconds"),
+		Help:    "Latency of the commit canary's completed commits on the local primary.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}})
+	m.canaryFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: name("commit_canary_failures_total"),
+		Help: "Canary commits that hung past postgres.canary.hang-after or failed."})
+	m.fenceErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("db_fence_errors_total"),
+		Help: "Failed attempts to set or lift the database fence, by op (set, lift)."}, []string{"op"})
+	m.fenceSetSeconds = prometheus.NewGauge(prometheus.GaugeOpts{Name: name("db_fence_set_after_seconds"),
+		Help: "Seconds from leaving ACTIVE to the database fence in place, last time it was set."})
+	reg.MustRegister(m.canaryLatency, m.canaryFailures, m.fenceErrors, m.fenceSetSeconds)
+	for _, op := range []string{"set", "lift"} {
+		m.fenceErrors.WithLabelValues(op)
 	}
 	// Named for the pair, not roled: the new ACTIVE's roled observes the
 	// whole role change (old ACTIVE gone → this node serving).
@@ -107,6 +124,7 @@ type stateCollector struct {
 	d *Daemon
 
 	role, epoch, kaAge, remaining, alarm, primary, writable, leaderSelf, leaseTTL *prometheus.Desc
+	commitHung, fenceState                                                        *prometheus.Desc
 	fpm                                                                           fpmDescs
 	ready                                                                         readinessDescs
 }
@@ -126,6 +144,8 @@ func newStateCollector(d *Daemon) *stateCollector {
 		primary:    g("patroni_primary", "1 when the local Patroni claims the primary (GET /primary 200, role master/primary, running)."),
 		writable:   g("postgres_writable", "1 when the local PostgreSQL answers and is not in recovery."),
 		leaderSelf: g("leader_key_self", "1 when Patroni's leader key names this member."),
+		commitHung: g("postgres_commits_hung", "1 while the commit canary's commits on the local primary hang past postgres.canary.hang-after (absent without the canary)."),
+		fenceState: g("db_fence_state", "1 for the database fence's current state (off, pending, set, standby); absent without postgres.fence.roles.", "state"),
 		fpm:        newFPMDescs(),
 		ready:      newReadinessDescs(),
 	}
@@ -165,6 +185,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.primary, b2f(pv.patroni.Primary()))
 	g(c.writable, b2f(!pv.postgres.Disabled && pv.postgres.Err == "" && !pv.postgres.InRecovery && pv.patroni.At > 0))
 	g(c.leaderSelf, b2f(ev.leader.Exists && ev.leader.Value == d.cfg.member()))
+	if d.canary != nil {
+		g(c.commitHung, b2f(d.commits.Load().Hung))
+	}
+	if d.fence != nil {
+		st := d.fence.Status().State
+		for _, s := range FenceStates {
+			g(c.fenceState, b2f(s == st), string(s))
+		}
+	}
 	r, stuck := d.readiness()
 	c.ready.collect(ch, r, stuck, d.unwritableSeconds())
 	if d.cfg.PHPFPM.URL != "" {

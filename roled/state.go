@@ -72,6 +72,7 @@ func (d *Daemon) observe() Observation {
 		TakeoverUnchecked: ev.unchecked != "" && ev.unchecked == d.cfg.member(),
 		StepDown:          ev.stepDown,
 		Patroni:           lv.patroni, Postgres: lv.postgres,
+		Commits: *d.commits.Load(), HoldOnHungCommits: d.cfg.Durability == DurabilitySyncStrict,
 		Member: d.cfg.member(), Node: d.cfg.Node, Epoch: d.ls.epoch,
 		HookBackoffUntil: d.ls.retryAt,
 		MaxEtcdAge:       d.cfg.LeaseTTL - d.cfg.SafetyMargin,
@@ -156,6 +157,16 @@ func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
 	}
 	d.ls.epoch, d.ls.leaseID = epoch, o.LeaseID
 	d.lg.Info("active key taken", zap.Int64("epoch", epoch))
+	// Lift the database fence with the new epoch held: whoever set it (this
+	// node when it left ACTIVE, or the old primary whose setting replicated
+	// here), the application's roles may write again.
+	if d.fence != nil {
+		if err := d.fence.Lift(ctx); err != nil {
+			d.lg.Warn("cannot lift the database fence", zap.Error(err))
+			d.failActive(workCtx, epoch, ReasonFenceLift)
+			return
+		}
+	}
 	if !d.runHook(ctx, "on_active", d.cfg.Hooks.OnActive, RoleActive, epoch, ReasonPrimary) {
 		d.failActive(workCtx, epoch, ReasonHookFailed)
 		return
@@ -201,6 +212,9 @@ func (d *Daemon) failActive(ctx context.Context, epoch int64, reason Reason) {
 		d.lg.Error("cannot remove marker", zap.Error(err))
 	}
 	d.ls.epoch = 0
+	if d.fence != nil {
+		d.fence.Want(d.now()) // it may have been lifted for this attempt
+	}
 	if err := d.release(ctx, epoch, nil); err != nil {
 		d.lg.Warn("cannot release active key", zap.Int64("epoch", epoch), zap.Error(err))
 	} else {
@@ -234,6 +248,9 @@ func (d *Daemon) becomePassive(ctx context.Context, reason Reason) {
 	d.lg.Info("role changed", zap.String("from", "active"), zap.String("to", "passive"),
 		zap.String("reason", string(reason)), zap.Int64("epoch", epoch))
 	d.vipSync() // serve 503 → remove VIP, before the key is released
+	if d.fence != nil {
+		d.fence.Want(d.now()) // the fence goroutine sets it: never waits here
+	}
 	if d.sync.SetPassive != nil {
 		d.sync.SetPassive()
 	}
