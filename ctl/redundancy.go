@@ -83,7 +83,9 @@ func assess(s Status, nodes []Node, backend string, standby StandbyReason, stand
 		r.Reasons = append(r.Reasons, "the balancer does not serve from "+r.Active)
 	}
 	for _, a := range s.Alarms {
-		r.Reasons = append(r.Reasons, "takeover alarm "+a.Key)
+		if !a.Acked() {
+			r.Reasons = append(r.Reasons, "takeover alarm "+a.Key)
+		}
 	}
 	for _, n := range s.Roled {
 		if n.StuckLeader != nil && n.Error == "" {

@@ -46,6 +46,13 @@ func TestAssess(t *testing.T) {
 			return s
 		}, StandbyReady, NotServing, "balancer does not serve from a"},
 		{"takeover alarm", func() Status { s := base(); s.Alarms = []Alarm{{Key: "/hapair/x/alarm/takeover/a"}}; return s }, StandbyReady, NotServing, "takeover alarm"},
+		// An acknowledged alarm stays in etcd until Patroni re-creates its
+		// leader key; the node it let through serves meanwhile.
+		{"takeover alarm acknowledged", func() Status {
+			s := base()
+			s.Alarms = []Alarm{{Key: "/hapair/x/alarm/takeover/a", Value: `{"node":"a","acked":true,"acked_by":"ops"}`}}
+			return s
+		}, StandbyReady, Redundant, ""},
 		{"no roled: the Patroni leader serves", func() Status {
 			s := base()
 			s.Roled = []RoledNode{{Node: "a", Role: "n/a"}, {Node: "b", Role: "n/a"}}

@@ -66,6 +66,16 @@ type Alarm struct {
 	Value string `json:"value"`
 }
 
+// Acked reports whether an operator acknowledged the alarm (hapairctl ack):
+// the key stays until Patroni re-creates its leader key, but it no longer
+// holds anything back.
+func (a Alarm) Acked() bool {
+	var v struct {
+		Acked bool `json:"acked"`
+	}
+	return json.Unmarshal([]byte(a.Value), &v) == nil && v.Acked
+}
+
 // PatroniMember is one row of Patroni's /cluster.
 type PatroniMember struct {
 	Name     string `json:"name"`
@@ -401,6 +411,10 @@ func (s Status) WriteTable(w io.Writer) error {
 		return err
 	}
 	for _, a := range s.Alarms {
+		if a.Acked() {
+			fmt.Fprintf(w, "ALARM %s acknowledged %s (the key goes when Patroni re-creates its leader key)\n", a.Key, a.Value)
+			continue
+		}
 		fmt.Fprintf(w, "ALARM %s %s (after checking the data: hapairctl ack)\n", a.Key, a.Value)
 	}
 	for _, sl := range s.Redundancy.Stuck {
