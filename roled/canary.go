@@ -148,9 +148,7 @@ func (k *canary) setup(ctx context.Context) error {
 // Close drops the connection.
 func (k *canary) Close() {
 	if k.conn != nil {
-		cctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		_ = k.conn.Close(cctx)
-		cancel()
+		closeConn(k.conn)
 		k.conn = nil
 	}
 }

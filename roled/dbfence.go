@@ -308,9 +308,7 @@ func (f *dbFence) exec(ctx context.Context, on bool) error {
 
 func (f *dbFence) close() {
 	if f.conn != nil {
-		cctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		_ = f.conn.Close(cctx)
-		cancel()
+		closeConn(f.conn)
 		f.conn = nil
 	}
 }

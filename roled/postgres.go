@@ -84,12 +84,18 @@ func (p *pgChecker) query(ctx context.Context, f func(context.Context, *pgx.Conn
 	return nil
 }
 
+// closeConn closes a PostgreSQL connection, waiting at most 200 ms for the
+// server's goodbye (a frozen server must not hold the caller).
+func closeConn(c *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	_ = c.Close(ctx)
+	cancel()
+}
+
 // Close drops the connection.
 func (p *pgChecker) Close() {
 	if p.conn != nil {
-		cctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		_ = p.conn.Close(cctx)
-		cancel()
+		closeConn(p.conn)
 		p.conn = nil
 	}
 }
