@@ -69,11 +69,29 @@ type Alarm struct {
 // Acked reports whether an operator acknowledged the alarm (hapairctl ack):
 // the key stays until Patroni re-creates its leader key, but it no longer
 // holds anything back.
-func (a Alarm) Acked() bool {
-	var v struct {
-		Acked bool `json:"acked"`
-	}
-	return json.Unmarshal([]byte(a.Value), &v) == nil && v.Acked
+func (a Alarm) Acked() bool { return a.fields().Acked }
+
+// alarmFields is the part of roled.TakeoverAlarm status reads.
+type alarmFields struct {
+	Acked       bool      `json:"acked"`
+	AckedBy     string    `json:"acked_by"`
+	AutoAcked   bool      `json:"auto_acked"`
+	Guard       string    `json:"guard"`
+	GuardDetail string    `json:"guard_detail"`
+	DetectedAt  time.Time `json:"detected_at"`
+}
+
+// AutoAcked reports whether roled acknowledged the alarm itself, having
+// proved that nothing the other node acknowledged is lost.
+func (a Alarm) AutoAcked() bool { return a.fields().AutoAcked }
+
+// DetectedAt is when a roled raised the alarm (zero if unreadable).
+func (a Alarm) DetectedAt() time.Time { return a.fields().DetectedAt }
+
+func (a Alarm) fields() alarmFields {
+	var v alarmFields
+	_ = json.Unmarshal([]byte(a.Value), &v)
+	return v
 }
 
 // PatroniMember is one row of Patroni's /cluster.
@@ -411,11 +429,18 @@ func (s Status) WriteTable(w io.Writer) error {
 		return err
 	}
 	for _, a := range s.Alarms {
-		if a.Acked() {
+		f := a.fields()
+		switch {
+		case f.AutoAcked:
+			fmt.Fprintf(w, "ALARM %s acknowledged by %s itself: %s (the key goes when Patroni re-creates its leader key)\n", a.Key, f.AckedBy, f.GuardDetail)
+		case f.Acked:
 			fmt.Fprintf(w, "ALARM %s acknowledged %s (the key goes when Patroni re-creates its leader key)\n", a.Key, a.Value)
-			continue
+		case f.Guard != "":
+			fmt.Fprintf(w, "ALARM %s %s\n  held for a person, roled cannot prove nothing is lost: %s: %s (after checking the data: hapairctl ack)\n",
+				a.Key, a.Value, f.Guard, f.GuardDetail)
+		default:
+			fmt.Fprintf(w, "ALARM %s %s (after checking the data: hapairctl ack)\n", a.Key, a.Value)
 		}
-		fmt.Fprintf(w, "ALARM %s %s (after checking the data: hapairctl ack)\n", a.Key, a.Value)
 	}
 	for _, sl := range s.Redundancy.Stuck {
 		fmt.Fprintf(w, "STUCK LEADER %s\n  remedy: %s\n", sl.Text(), sl.Remedy)

@@ -209,7 +209,7 @@ func (l *Lab) Normalize(ctx context.Context) error {
 		}
 		return false
 	})
-	if !ok && len(l.Ctl().Status(ctx).Alarms) > 0 {
+	if held, _ := alarmState(l.Ctl().Status(ctx).Alarms); !ok && held {
 		// A takeover alarm blocks ACTIVE until the operator acknowledges it.
 		out, err := l.Ack(ctx)
 		l.logf("takeover alarm left by the previous scenario; hapairctl ack: %v %s", err, out)

@@ -616,22 +616,36 @@ func PartitionDefaultHosts(ctx context.Context, l *Lab, r *Result) {
 	}
 	took := st.Leader != nil && st.Leader.Member == NodeA && st.Leader.Version > 1
 	if took {
-		if len(st.Alarms) == 0 {
+		held, auto := alarmState(st.Alarms)
+		switch {
+		case len(st.Alarms) == 0:
 			r.fail("Patroni took the key back but no takeover alarm is raised")
-		} else {
+		case auto:
+			r.note("hapair: takeover alarm raised and acknowledged by roled itself (no other node ACTIVE since nodea was)")
+		default:
 			r.note("hapair: takeover alarm raised (%d key(s)); operator path: check data, then `hapairctl ack`", len(st.Alarms))
 		}
 		for _, n := range st.Roled {
-			if n.Node == NodeA && n.Role == "active" {
-				r.fail("nodea ACTIVE after taking the leader key over")
+			if n.Node == NodeA && n.Role == "active" && held {
+				r.fail("nodea ACTIVE after taking the leader key over, its alarm not acknowledged")
 			}
 		}
 	} else {
 		r.note("Patroni did not take the key back in this run (heal at %s)", heal.Sub(t0))
 	}
-	if len(st.Alarms) > 0 {
+	if held, _ := alarmState(st.Alarms); held {
 		ackAndSettle(ctx, l, r)
 	}
+}
+
+// alarmState says whether any takeover alarm still holds a node back
+// (unacknowledged) and whether roled acknowledged one itself.
+func alarmState(alarms []ctl.Alarm) (held, auto bool) {
+	for _, a := range alarms {
+		held = held || !a.Acked()
+		auto = auto || a.AutoAcked()
+	}
+	return held, auto
 }
 
 // FrozenPatroni (7): SIGSTOP the primary's Patroni for 20 s.
@@ -682,7 +696,7 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 	if st.Leader != nil {
 		r.note("after SIGCONT: Patroni leader key %s (create_rev %d, version %d)", st.Leader.Member, st.Leader.CreateRevision, st.Leader.Version)
 	}
-	if len(st.Alarms) > 0 {
+	if held, auto := alarmState(st.Alarms); held {
 		r.note("hapair: takeover alarm raised, no node ACTIVE until acknowledged")
 		for _, n := range st.Roled {
 			if n.Role == "active" && n.Node == NodeA {
@@ -690,6 +704,8 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 			}
 		}
 		ackAndSettle(ctx, l, r)
+	} else if auto {
+		r.note("hapair: takeover alarm raised and acknowledged by roled itself (no other node ACTIVE since nodea was)")
 	}
 	frozenAudit(ctx, l, r, pr, t0, aPassive, probesEnd)
 }
@@ -849,8 +865,9 @@ func Soak(ctx context.Context, opt Options, d time.Duration, w io.Writer) error 
 	for time.Now().Before(end) && ctx.Err() == nil {
 		f := soakFault(ctx, l)
 		l.logf("soak: %s on %s done", f.Kind, f.Target)
-		acked, err := l.settleOrAck(ctx)
-		f.Acked = acked
+		var err error
+		f.Acked, err = l.settleOrAck(ctx)
+		f.Alarm, f.AutoAcked = l.alarmSince(ctx, f.Began)
 		if err != nil {
 			f.Stuck = err.Error()
 			fmt.Fprintf(w, "after %s: %v\n", f.Kind, err)
@@ -932,7 +949,7 @@ func (l *Lab) settleOrAck(ctx context.Context) (acked bool, err error) {
 	if poll(ctx, beforeAck, 250*time.Millisecond, settled) {
 		return false, nil
 	}
-	if len(l.Ctl().Status(ctx).Alarms) > 0 {
+	if held, _ := alarmState(l.Ctl().Status(ctx).Alarms); held {
 		out, err := l.Ack(ctx)
 		l.logf("soak: takeover alarm; hapairctl ack: %v %s", err, out)
 		acked = true
@@ -949,6 +966,18 @@ func (l *Lab) settleOrAck(ctx context.Context) (acked bool, err error) {
 		}
 	}
 	return acked, errors.New(msg)
+}
+
+// alarmSince reports whether a takeover alarm was raised at or after began,
+// and whether roled acknowledged it itself (the guard's proof held).
+func (l *Lab) alarmSince(ctx context.Context, began time.Time) (raised, auto bool) {
+	for _, a := range l.Ctl().Status(ctx).Alarms {
+		if !a.DetectedAt().Before(began) {
+			raised = true
+			auto = auto || a.AutoAcked()
+		}
+	}
+	return raised, auto
 }
 
 // waitRedundant polls hapairctl status until it says REDUNDANT yes or the

@@ -41,6 +41,9 @@ type soakFaultRun struct {
 	Redundant    time.Time
 	NotRedundant string
 	Acked        bool // a takeover alarm was acknowledged (hapairctl ack)
+	// Alarm: a takeover alarm was raised during the fault or its settling;
+	// AutoAcked: roled acknowledged it itself (the guard's proof held).
+	Alarm, AutoAcked bool
 	// Errors of the fault's own actions (a refused switchover, a failed
 	// start): the fault may not have happened as planned.
 	Errors []string
@@ -200,13 +203,20 @@ func writeSoakSummary(w io.Writer, r soakResult) error {
 	if r.Dual > 0 {
 		fails = append(fails, fmt.Sprintf("%d dual-ACTIVE rounds", r.Dual))
 	}
-	acks := 0
+	acks, alarms, autos := 0, 0, 0
 	for _, f := range r.Runs {
 		if f.Acked {
 			acks++
 		}
+		if f.Alarm {
+			alarms++
+		}
+		if f.AutoAcked {
+			autos++
+		}
 	}
-	fmt.Fprintf(w, "takeover alarms acknowledged (hapairctl ack): %d\n", acks)
+	fmt.Fprintf(w, "takeover alarms: %d raised; %d acknowledged by roled itself (proved nothing lost); %d held and acknowledged by the soak (hapairctl ack)\n",
+		alarms, autos, acks)
 	fmt.Fprintf(w, "%-14s %3s  %-24s %-24s %-9s %s\n", "fault", "n", "served again (med / max)", "redundant (med / max)", "rows lost",
 		"not settled / not redundant / never served")
 	for _, k := range kinds {

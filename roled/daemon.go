@@ -72,6 +72,7 @@ type Daemon struct {
 	readErr       bool
 	reported      map[takeoverKey]bool
 	takeoverCache map[takeoverKey]*TakeoverAlarm
+	tracking      bool          // this node's last-active record exists (etcd goroutine)
 	ttlChecked    time.Duration // Patroni ttl found at start
 
 	wake, pollNow, readNow, beatNow chan struct{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -34,6 +35,9 @@ type etcdView struct {
 	// The ACTIVE peer's epoch and WAL end from its heartbeat (history).
 	peerEpoch int64
 	peerWAL   *WALPosition
+	// Every node's last acquisition of the active key (the takeover
+	// guard's proof).
+	lastActive []LastActive
 }
 
 // activeValue is the JSON of the active key.
@@ -133,6 +137,7 @@ func (d *Daemon) readOnce(ctx context.Context) {
 		clientv3.OpGet(d.cfg.statusKey()),
 		clientv3.OpGet(d.stepDownKey(), clientv3.WithCountOnly()),
 		clientv3.OpGet(d.cfg.membersPrefix(), clientv3.WithPrefix()),
+		clientv3.OpGet(LastActivePrefix(d.cfg.prefix()), clientv3.WithPrefix()),
 	}
 	if peer := d.etcdView.Load().activeNode; peer != "" && peer != d.cfg.Node {
 		ops = append(ops, clientv3.OpGet(d.cfg.prefix()+"nodes/"+peer))
@@ -176,8 +181,11 @@ func (d *Daemon) readOnce(ctx context.Context) {
 			v.leaderMember = parseLeaderMember(kv.Value)
 		}
 	}
-	if len(r) > 6 {
-		if kv := firstKV(r[6].GetResponseRange().Kvs); kv != nil {
+	for _, kv := range r[6].GetResponseRange().Kvs {
+		v.lastActive = append(v.lastActive, parseLastActive(string(kv.Key), d.cfg.prefix(), kv.Value, kv.ModRevision))
+	}
+	if len(r) > 7 {
+		if kv := firstKV(r[7].GetResponseRange().Kvs); kv != nil {
 			v.peerSync = parsePeerSync(kv.Value)
 			v.peerEpoch, v.peerWAL = parsePeerWAL(kv.Value)
 		}
@@ -195,6 +203,8 @@ func (d *Daemon) readOnce(ctx context.Context) {
 		v.takeover = t
 	}
 	d.syncAlarms(tctx, v)
+	d.trackLastActive(tctx, v)
+	d.resolveTakeover(tctx, v)
 	d.hist.observe(v, time.Now())
 	old := d.etcdView.Swap(v)
 	nudge(d.wake)
@@ -296,4 +306,82 @@ func keyView(kv *mvccpb.KeyValue) KeyView {
 	}
 	return KeyView{Exists: true, Value: string(kv.Value), CreateRev: kv.CreateRevision,
 		ModRev: kv.ModRevision, Version: kv.Version, Lease: kv.Lease}
+}
+
+// trackLastActive writes this node's "tracking" last-active record once, if
+// it has none: from then on every acquisition of the active key by this node
+// is on record (written in acquire's transaction), which the other node's
+// takeover proof needs before it can rule this node out.
+func (d *Daemon) trackLastActive(ctx context.Context, v *etcdView) {
+	if d.tracking {
+		return
+	}
+	for _, la := range v.lastActive {
+		if la.Node == d.cfg.Node {
+			d.tracking = true
+			return
+		}
+	}
+	key := lastActiveKey(d.cfg.prefix(), d.cfg.Node)
+	b, _ := json.Marshal(lastActiveValue{Node: d.cfg.Node, Member: d.cfg.member(), Kind: "tracking"})
+	if _, err := d.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(b))).Commit(); err != nil {
+		d.lg.Warn("cannot write last-active record", zap.String("key", key), zap.Error(err))
+		return
+	}
+	d.tracking = true
+}
+
+// resolveTakeover runs the takeover guard's proof (proveTakeover) for an
+// unacknowledged alarm that names this member, and acknowledges the alarm
+// itself when the proof holds. Otherwise it writes the verdict into the
+// alarm, so `hapairctl status` says why a person must decide. The writes
+// are guarded by the alarm's and every last-active record's ModRevision as
+// read: an acquisition by anyone in between voids the proof.
+func (d *Daemon) resolveTakeover(ctx context.Context, v *etcdView) {
+	var a *TakeoverAlarm
+	for i := range v.alarms {
+		if v.alarms[i].Member == d.cfg.member() && !v.alarms[i].Acked && v.alarms[i].CreateRevision != 0 {
+			a = &v.alarms[i]
+		}
+	}
+	if a == nil {
+		return
+	}
+	q := int64(0)
+	if d.sync.Quarantined != nil {
+		q = d.sync.Quarantined()
+	}
+	verdict, detail := proveTakeover(GuardProof{Self: d.cfg.Node, Records: v.lastActive, Quarantined: q})
+	if verdict != GuardProved && verdict == a.Guard && detail == a.GuardDetail {
+		return // already recorded
+	}
+	next := *a
+	next.Guard, next.GuardDetail = verdict, detail
+	if verdict == GuardProved {
+		now := time.Now().UTC()
+		next.Acked, next.AckedBy, next.AckedAt, next.AutoAcked = true, "roled:"+d.cfg.Node, &now, true
+	}
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(d.alarmKey(a.Member)), "=", v.alarmRev[a.Member])}
+	for _, la := range v.lastActive {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(lastActiveKey(d.cfg.prefix(), la.Node)), "=", la.Rev))
+	}
+	b, _ := json.Marshal(next)
+	resp, err := d.cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(d.alarmKey(a.Member), string(b))).Commit()
+	switch {
+	case err != nil:
+		d.lg.Warn("cannot record the takeover guard's verdict", zap.Error(err))
+		return
+	case !resp.Succeeded:
+		return // something changed: the next read decides again
+	}
+	if verdict == GuardProved {
+		d.m.takeoverAutoAcks.Inc()
+		d.lg.Warn("takeover alarm acknowledged by roled: nothing the other node acknowledged can be lost",
+			zap.String("member", a.Member), zap.String("previous", a.PreviousValue), zap.String("proof", detail))
+		nudge(d.readNow)
+		return
+	}
+	d.lg.Error(fmt.Sprintf("takeover alarm held for a person (`hapairctl ack` after checking the data): %s", verdict),
+		zap.String("member", a.Member), zap.String("previous", a.PreviousValue), zap.String("why", detail))
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/hapair/hapair/internal/etcdtest"
 )
 
@@ -329,6 +331,12 @@ func TestTakeoverGuard(t *testing.T) {
 	})
 	b.waitCode(t, 503, 5*time.Second)
 	watchPassive(t, oc, a, b, 1500*time.Millisecond)
+	// B was ACTIVE after A: the guard cannot prove nothing is lost and
+	// says so in the alarm.
+	waitFor(t, 5*time.Second, "the guard's verdict in the alarm", func() bool {
+		st := a.status(t)
+		return len(st.Takeover) == 1 && st.Takeover[0].Guard == GuardOtherActiveLater
+	})
 	for _, n := range []*node{a, b} {
 		st := n.status(t)
 		if len(st.Takeover) != 1 || st.Takeover[0].Member != "A" || st.Takeover[0].PreviousValue != "B" || st.Takeover[0].Acked {
@@ -376,6 +384,58 @@ func TestTakeoverGuard(t *testing.T) {
 	oc.halt()
 	if oc.overlaps.Load() != 0 {
 		t.Fatalf("%d overlapping rounds", oc.overlaps.Load())
+	}
+}
+
+// Issue 19 item 5: the takeover guard resolves itself when it can prove that
+// nothing the other node acknowledged is lost. Here B's Patroni takes the
+// leader key while A's is cut off, but B never becomes ACTIVE (its
+// PostgreSQL never reports primary); A's Patroni then overwrites B's key. No
+// node was ACTIVE since A's epoch, so A's roled acknowledges the alarm itself
+// and A serves again with a new epoch, without a person.
+func TestTakeoverGuardResolvesItself(t *testing.T) {
+	skipShort(t)
+	c := etcdtest.New(t)
+	a := startNode(t, c, "A", nil)
+	b := startNode(t, c, "B", nil)
+	oc := startChecker(t, a, b)
+	cli := c.Client(t)
+	waitFor(t, 5*time.Second, "both last-active records", func() bool {
+		_, okA := getKey(t, cli, LastActivePrefix(Prefix("hapair"))+"A")
+		_, okB := getKey(t, cli, LastActivePrefix(Prefix("hapair"))+"B")
+		return okA && okB
+	})
+	a.pat.promote()
+	ea := a.waitCode(t, 200, 10*time.Second)
+	a.pat.dropKey()
+	// B's Patroni takes the key; its PostgreSQL is not promoted (yet).
+	lease := b.pat.ensureLease()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if r, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(b.pat.key), "=", 0)).
+		Then(clientv3.OpPut(b.pat.key, "B", clientv3.WithLease(lease))).Commit(); err != nil || !r.Succeeded {
+		t.Fatalf("B takes the leader key: %v", err)
+	}
+	a.waitCode(t, 503, 10*time.Second)
+	a.pat.overwrite()
+	ea2 := a.waitCode(t, 200, 10*time.Second)
+	if ea2 <= ea {
+		t.Fatalf("A's epoch after the takeover %d not above its first %d", ea2, ea)
+	}
+	st := a.status(t)
+	if len(st.Takeover) != 1 || !st.Takeover[0].Acked || !st.Takeover[0].AutoAcked || st.Takeover[0].Guard != GuardProved ||
+		st.Takeover[0].AckedBy != "roled:A" {
+		t.Fatalf("alarm after the guard resolved itself = %+v", st.Takeover)
+	}
+	if !strings.Contains(metricsText(t, a), "hapair_roled_takeover_auto_acked_total 1") {
+		t.Fatal("auto-ack counter not 1")
+	}
+	oc.halt()
+	if oc.overlaps.Load() != 0 {
+		t.Fatalf("%d overlapping rounds", oc.overlaps.Load())
+	}
+	if code, _ := health(b.url); code == 200 {
+		t.Fatal("B served")
 	}
 }
 

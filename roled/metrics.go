@@ -26,6 +26,7 @@ type Metrics struct {
 	etcdReadErrors       prometheus.Counter
 	hookRuns             *prometheus.CounterVec
 	takeovers            prometheus.Counter
+	takeoverAutoAcks     prometheus.Counter
 	agentRequests        *prometheus.CounterVec
 	fpmErrors            prometheus.Counter
 	canaryLatency        prometheus.Histogram
@@ -62,6 +63,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Hook runs, by hook (on_active, on_passive) and result (ok, failed)."}, []string{"hook", "result"}),
 		takeovers: prometheus.NewCounter(prometheus.CounterOpts{Name: name("takeover_detected_total"),
 			Help: "Patroni leader-key takeovers (value changed without delete and re-create) detected."}),
+		takeoverAutoAcks: prometheus.NewCounter(prometheus.CounterOpts{Name: name("takeover_auto_acked_total"),
+			Help: "Takeover alarms this node acknowledged itself, having proved no other node was ACTIVE since it last was."}),
 		agentRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: name("agent_requests_total"),
 			Help: "HAProxy agent-check connections answered, by agent (app, replica)."}, []string{"agent"}),
 		fpmErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: name("fpm_scrape_errors_total"),
@@ -103,7 +106,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		m.failoverRedundancy.WithLabelValues(string(k))
 	}
 	reg.MustRegister(m.transitions, m.patroniDuration, m.patroniErrors, m.postgresErrors,
-		m.keepaliveFailures, m.quorumCheckFailures, m.leaseGrants, m.etcdReadErrors, m.hookRuns, m.takeovers,
+		m.keepaliveFailures, m.quorumCheckFailures, m.leaseGrants, m.etcdReadErrors, m.hookRuns, m.takeovers, m.takeoverAutoAcks,
 		m.agentRequests, m.fpmErrors)
 	for _, k := range []string{"unreachable", "garbage"} {
 		m.patroniErrors.WithLabelValues(k)

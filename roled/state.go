@@ -297,6 +297,10 @@ func (d *Daemon) acquire(ctx context.Context, o Observation) (int64, error) {
 	tctx, cancel := context.WithTimeout(ctx, min(time.Second, l.deadline-now))
 	defer cancel()
 	val, _ := json.Marshal(activeValue{Node: d.cfg.Node, Since: time.Now().UTC().Format(time.RFC3339Nano)})
+	// The last-active record is written with the key, in the same
+	// transaction: the takeover guard's proof (takeover_proof.go) relies on
+	// no acquisition ever missing from it.
+	rec, _ := json.Marshal(lastActiveValue{Node: d.cfg.Node, Member: d.cfg.member(), Kind: "acquired"})
 	key, lk := d.activeKey(), d.cfg.leaderKey()
 	alarm := d.alarmKey(d.cfg.member())
 	resp, err := d.cli.Txn(tctx).If(
@@ -305,7 +309,8 @@ func (d *Daemon) acquire(ctx context.Context, o Observation) (int64, error) {
 		clientv3.Compare(clientv3.ModRevision(alarm), "=", d.etcdView.Load().alarmRev[d.cfg.member()]),
 	).Then(
 		clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
-			[]clientv3.Op{clientv3.OpPut(key, string(val), clientv3.WithLease(clientv3.LeaseID(l.id)))}, nil),
+			[]clientv3.Op{clientv3.OpPut(key, string(val), clientv3.WithLease(clientv3.LeaseID(l.id))),
+				clientv3.OpPut(lastActiveKey(d.cfg.prefix(), d.cfg.Node), string(rec))}, nil),
 		clientv3.OpGet(key),
 	).Commit()
 	if err != nil {

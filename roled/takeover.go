@@ -31,6 +31,12 @@ type TakeoverAlarm struct {
 	Acked          bool       `json:"acked"`
 	AckedBy        string     `json:"acked_by,omitempty"`
 	AckedAt        *time.Time `json:"acked_at,omitempty"`
+	// AutoAcked: roled acknowledged it itself, having proved that the
+	// taker holds everything the other node acknowledged (Guard, GuardDetail
+	// say what). Otherwise Guard says why a person must decide.
+	AutoAcked   bool         `json:"auto_acked,omitempty"`
+	Guard       GuardVerdict `json:"guard,omitempty"`
+	GuardDetail string       `json:"guard_detail,omitempty"`
 }
 
 // sameEvent reports whether a and b describe the same overwrite.

@@ -53,8 +53,11 @@ func runStatus(ctx context.Context, e *env, args []string) int {
 	if err := st.WriteTable(e.stdout); err != nil {
 		return int(ctl.NotServing)
 	}
-	if len(st.Alarms) > 0 {
-		fmt.Fprintln(e.stdout, "\ntakeover alarm raised: check the data (LAB.md §6), then clear it with: hapairctl ack")
+	for _, a := range st.Alarms {
+		if !a.Acked() {
+			fmt.Fprintln(e.stdout, "\ntakeover alarm raised: check the data (LAB.md §6), then clear it with: hapairctl ack")
+			break
+		}
 	}
 	// For scripts and monitoring: 0 redundant, 1 serving but not
 	// redundant, 2 not serving (also a configuration error, above).
