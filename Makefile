@@ -36,7 +36,7 @@ test: deps vet
 	# hapair-lb's socket calls differ under -race (sockio_race.go): test the production ones too.
 	$(GO) test -count=1 ./lb/
 	@mkdir -p $(BIN)
-	$(GO) test -count=1 -timeout 25m -run TestLab -v ./lab/ > $(BIN)/lab-test.log 2>&1 || { tail -n 300 $(BIN)/lab-test.log; exit 1; }
+	$(GO) test -count=1 -timeout 32m -run TestLab -v ./lab/ > $(BIN)/lab-test.log 2>&1 || { tail -n 300 $(BIN)/lab-test.log; exit 1; }
 	@head -c 300000 $(BIN)/lab-test.log
 	# deploy/hosts' unit tests (the systemd-host deployment itself: make test-deploy).
 	$(GO) test -race -count=1 -short ./deploy/hosts/

@@ -259,6 +259,7 @@ func DrillBoth(ctx context.Context, l *Lab, r *Result) {
 	if a, err := l.AuditSettled(ctx, leader, audit.Samples(), 30*time.Second); err == nil {
 		r.note("drill audit: %s", a)
 		r.fig("drill: acknowledged rows lost (lb, both kills)", float64(len(a.LostRows)), "")
+		syncLoses(l, r, "drill", len(a.LostRows))
 	} else {
 		r.note("drill audit: %v", err)
 	}
@@ -577,6 +578,7 @@ func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
 	}
 	r.note("after heal (+%.1fs): %s", time.Since(t1).Seconds(), a)
 	r.fig("partition: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
+	syncLoses(l, r, "partition", len(a.LostRows))
 	aPassive, _ := pr.ha.First(NodeA, "passive", t0)
 	reportLocalWriter(ctx, l, r, "partition", NodeA, NodeB, t0, aPassive, activeAgain(pr, NodeA, aPassive, t1))
 	if len(a.Overwritten) > 0 {
@@ -585,6 +587,85 @@ func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
 	if len(a.LostFiles) > 0 {
 		r.fail("%d acknowledged files neither on %s nor in a quarantine: %v", len(a.LostFiles), NodeB, a.LostFiles)
 	}
+}
+
+// syncLoses fails a scenario on a synchronous lab that lost acknowledged
+// rows: sync's promise (issue 19) is 0 in every run.
+func syncLoses(l *Lab, r *Result, what string, lost int) {
+	if roled.Durability(l.Opt.Durability).Synchronous() && lost > 0 {
+		r.fail("%s: %d acknowledged rows lost with durability %s (its promise is 0)", what, lost, l.Opt.Durability)
+	}
+}
+
+// StrictStandbyLost (14, sync-strict labs): the synchronous standby's node
+// is killed. With synchronous_mode_strict no commit completes without it:
+// the commit canary reports hung commits and roled turns the primary PASSIVE
+// with reason postgres_commits_hung (503: the balancer holds or refuses
+// instead of piling requests onto commits that hang); once the standby is
+// back, commits complete and the primary is ACTIVE again by itself. No
+// acknowledged write may be lost, no two ACTIVE.
+func StrictStandbyLost(ctx context.Context, l *Lab, r *Result) {
+	if !needParts(l, r, BinLB, BinRoled) {
+		return
+	}
+	if roled.Durability(l.Opt.Durability) != roled.DurabilitySyncStrict {
+		r.Skipped = "needs durability sync-strict"
+		return
+	}
+	primary, err := l.Ctl().Leader(ctx)
+	if err != nil {
+		r.fail("no leader: %v", err)
+		return
+	}
+	standby := Other(primary)
+	reason := func() string {
+		var st struct{ Reason string }
+		_ = l.getJSON(Client, "http://"+IP(primary)+":7400/role", time.Second, &st)
+		return st.Reason
+	}
+	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
+	defer stop()
+	t0 := time.Now()
+	if err := l.KillNode(standby); err != nil {
+		r.fail("kill %s: %v", standby, err)
+		return
+	}
+	// The canary's bound: interval 500 ms + hang-after 2 s, then one poll.
+	if !poll(ctx, 30*time.Second, 100*time.Millisecond, func() bool { return reason() == string(roled.ReasonCommitsHung) }) {
+		r.fail("%s not PASSIVE with reason %s within 30 s of the standby's kill (reason %q)", primary, roled.ReasonCommitsHung, reason())
+	} else {
+		r.secs("strict: primary PASSIVE (commits hung) after the standby's kill", time.Since(t0))
+	}
+	if code := l.httpCode(Client, "http://"+IP(primary)+":7400/ha-health", time.Second); code != 503 {
+		r.fail("%s /ha-health %d while its commits hang, want 503", primary, code)
+	}
+	// The standby stays away for a while: what users see meanwhile.
+	time.Sleep(10 * time.Second)
+	t1 := time.Now()
+	if err := l.StartNode(standby); err != nil {
+		r.fail("start %s: %v", standby, err)
+		return
+	}
+	if err := l.WaitSettled(ctx, primary, 90*time.Second); err != nil {
+		r.fail("after the standby's start: %v", err)
+		return
+	}
+	r.secs("strict: primary ACTIVE again after the standby's start", time.Since(t1))
+	stop()
+	rep := ctl.Analyze(pr.probe.Samples(), t0)
+	r.note("strict standby lost: %s", rep)
+	r.fig("strict: failed writes through the lb", float64(rep.Failed), "")
+	if dual, _ := pr.ha.Dual(); dual > 0 {
+		r.fail("checker saw two ACTIVE nodes in %d rounds", dual)
+	}
+	a, err := l.AuditSettled(ctx, primary, pr.probe.Samples(), 30*time.Second)
+	if err != nil {
+		r.fail("audit could not run: %v", err)
+		return
+	}
+	r.note("audit: %s", a)
+	r.fig("strict: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
+	syncLoses(l, r, "strict standby lost", len(a.LostRows))
 }
 
 // PartitionDefaultHosts (6): Patroni 3.0.2 with all three etcd members: the
