@@ -53,14 +53,17 @@ type soakFaultRun struct {
 }
 
 // servedAgain is how long after from the pair served writes again, judged on
-// the writes that started in [from, to): the end of the first successful
+// the writes that failed in [from, to): the end of the first successful
 // write after the last failed one, counted from from. A window without a
 // failed write was served throughout (0, true). false: no write succeeded
-// after the last failure.
+// after the last failure. A write counts by when it failed, not when it
+// started: one sent just before the next fault and failed by it belongs to
+// that fault (a soak once charged a node kill 34 s this way, the next
+// kill's whole outage).
 func servedAgain(samples []ctl.Sample, from, to time.Time) (time.Duration, bool) {
 	last := -1
 	for i, s := range samples {
-		if !s.OK && !s.Start.Before(from) && s.Start.Before(to) {
+		if !s.OK && !s.End.Before(from) && s.End.Before(to) {
 			last = i
 		}
 	}

@@ -40,6 +40,13 @@ func TestServedAgain(t *testing.T) {
 	if d, ok := servedAgain(ss, at(4000), at(6000)); !ok || d != 0 {
 		t.Errorf("no failure: %v %v", d, ok)
 	}
+	// A write sent just before the next fault (at 6 s) and failed by it
+	// belongs to that fault, not to this one.
+	late := soakSamples(t0, 10000, [2]int{1000, 2000})
+	late = append(late, ctl.Sample{ID: 99, Start: at(5990), End: at(7000), OK: false, Node: "nodeb"})
+	if d, ok := servedAgain(late, at(500), at(6000)); !ok || d != 1510*time.Millisecond {
+		t.Errorf("write failed after the window: served again = %v %v, want 1.51s", d, ok)
+	}
 	// The last write failed: never served again.
 	if _, ok := servedAgain(soakSamples(t0, 2000, [2]int{1500, 2000}), at(1000), at(3000)); ok {
 		t.Error("served again without a successful write after the failure")
