@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -369,11 +370,16 @@ func (l *Lab) startProbes(ctx context.Context, haInterval time.Duration) (*probe
 	go func() { pr.probe.Run(pctx); done <- struct{}{} }()
 	go func() { pr.ha.Run(pctx); done <- struct{}{} }()
 	go func() { pr.pg.Run(pctx); done <- struct{}{} }()
+	// stop may be called more than once (a deferred stop beside an
+	// explicit one): the second call must not wait for the drained done.
+	var once sync.Once
 	return pr, func() {
-		cancel()
-		for range 4 {
-			<-done
-		}
+		once.Do(func() {
+			cancel()
+			for range 4 {
+				<-done
+			}
+		})
 	}
 }
 
