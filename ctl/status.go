@@ -134,9 +134,10 @@ type RoledNode struct {
 	StuckLeader *roled.StuckLeader `json:"stuck_leader,omitempty"`
 	// Postgres carries the commit canary and the database fence (issue 19).
 	Postgres *struct {
-		Durability string               `json:"durability,omitempty"`
-		Commits    *roled.CommitSummary `json:"commits,omitempty"`
-		Fence      *roled.FenceStatus   `json:"fence,omitempty"`
+		Durability string                  `json:"durability,omitempty"`
+		Commits    *roled.CommitSummary    `json:"commits,omitempty"`
+		Fence      *roled.FenceStatus      `json:"fence,omitempty"`
+		RewindHold *roled.RewindHoldStatus `json:"rewind_hold,omitempty"`
 	} `json:"postgres,omitempty"`
 	Error string `json:"error,omitempty"`
 }
@@ -440,6 +441,12 @@ func (s Status) WriteTable(w io.Writer) error {
 				a.Key, a.Value, f.Guard, f.GuardDetail)
 		default:
 			fmt.Fprintf(w, "ALARM %s %s (after checking the data: hapairctl ack)\n", a.Key, a.Value)
+		}
+	}
+	for _, n := range s.Roled {
+		if n.Postgres != nil && n.Postgres.RewindHold != nil && n.Postgres.RewindHold.State == roled.RewindHoldSet {
+			fmt.Fprintf(w, "REWIND HOLD on %s: Patroni's rewind user %q cannot log in there while the takeover alarm is held, so the other node keeps what it wrote (its PostgreSQL stays stopped, not rewound) until you decide: `hapairctl ack` keeps %s and lets the rewind go ahead\n",
+				n.Node, n.Postgres.RewindHold.Role, n.Node)
 		}
 	}
 	for _, sl := range s.Redundancy.Stuck {

@@ -171,9 +171,12 @@ postgres:
   timeout: %[17]s
   # The local writer's role (lab/localwriter.go): read-only while the node
   # is not ACTIVE. The web app connects as postgres, guarded by 503 alone.
+  # Patroni's rewind user is locked out while a takeover alarm naming this
+  # node is held (roled/rewindhold.go).
   fence:
     roles: [%[19]s]
     retry-interval: 500ms
+    rewind-role: rewind_user
 marker:
   path: %[7]s
 agent:

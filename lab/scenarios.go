@@ -676,6 +676,7 @@ func PartitionDefaultHosts(ctx context.Context, l *Lab, r *Result) {
 		return
 	}
 	c := l.Ctl()
+	bLog := l.logSize(NodeB, ProcPatroni)
 	pr, t0, heal := partitionRun(ctx, l, r, 40*time.Second)
 	reportPartition(l, r, pr, t0)
 	st := c.Status(ctx)
@@ -715,7 +716,23 @@ func PartitionDefaultHosts(ctx context.Context, l *Lab, r *Result) {
 		r.note("Patroni did not take the key back in this run (heal at %s)", heal.Sub(t0))
 	}
 	if held, _ := alarmState(st.Alarms); held {
+		rewindHeld(l, r, NodeB, bLog)
 		ackAndSettle(ctx, l, r)
+	}
+}
+
+// rewindHeld checks, while a takeover alarm is held for a person, that the
+// node whose leader key was taken has kept its data: its Patroni has run no
+// pg_rewind since off (its log offset at the fault), because the taker's
+// roled locks Patroni's rewind user out (roled/rewindhold.go).
+func rewindHeld(l *Lab, r *Result, other string, off int64) {
+	log := l.logFrom(other, ProcPatroni, off)
+	ran := strings.Count(log, "running pg_rewind from dbname=")
+	refused := strings.Count(log, "Can not use ")
+	r.fig("takeover held: pg_rewind runs on "+other+" before the ack", float64(ran), "")
+	r.note("takeover held: %s's Patroni tried to rewind from the taker %d times and was refused (rewind hold); its data is intact until the ack", other, refused)
+	if ran > 0 {
+		r.fail("%s's Patroni ran pg_rewind %d times while the takeover alarm was held: the rewind hold did not keep its data", other, ran)
 	}
 }
 
@@ -737,6 +754,7 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
 	time.Sleep(500 * time.Millisecond)
 	t0 := time.Now()
+	bLog := l.logSize(NodeB, ProcPatroni)
 	if err := l.Signal(NodeA, ProcPatroni, 19); err != nil { // SIGSTOP
 		r.fail("SIGSTOP: %v", err)
 	}
@@ -784,6 +802,7 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 				r.fail("nodea ACTIVE after taking the leader key back")
 			}
 		}
+		rewindHeld(l, r, NodeB, bLog)
 		ackAndSettle(ctx, l, r)
 	} else if auto {
 		r.note("hapair: takeover alarm raised and acknowledged by roled itself (no other node ACTIVE since nodea was)")

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -165,8 +166,16 @@ type FenceConfig struct {
 	// rewind user, nor the user of postgres.dsn.
 	Roles []string `yaml:"roles"`
 	// RetryInterval: how often a fence that could not be set is retried,
-	// and a set one re-checked (default 1s).
+	// and a set one re-checked (default 1s); the rewind hold's too.
 	RetryInterval time.Duration `yaml:"retry-interval"`
+	// RewindRole: Patroni's rewind user (authentication.rewind.username).
+	// While a takeover alarm naming this node is held for a person, roled
+	// makes it NOLOGIN here, so the other node's Patroni cannot pg_rewind
+	// away what that node wrote as ACTIVE before the person decides
+	// (rewindhold.go). Empty (default) disables the hold. Must be a
+	// dedicated rewind user, never the superuser: Patroni then rewinds as
+	// the superuser, whom roled never locks out.
+	RewindRole string `yaml:"rewind-role"`
 }
 
 // MarkerConfig is the marker file present only while ACTIVE.
@@ -416,6 +425,21 @@ func (c Config) validateDurability() error {
 		return config.Errorf("postgres.canary.synchronous-commit", k.SynchronousCommit, "want on, remote_apply, remote_write, local or off")
 	}
 	f := c.Postgres.Fence
+	own := ""
+	if cc, err := pgx.ParseConfig(c.Postgres.DSN); err == nil {
+		own = cc.User
+	}
+	if r := f.RewindRole; r != "" {
+		switch {
+		case !c.Postgres.Enabled:
+			return config.Errorf("postgres.fence.rewind-role", r, "needs postgres.enabled")
+		case r == own || r == "postgres" || slices.Contains(f.Roles, r):
+			return config.Errorf("postgres.fence.rewind-role", r,
+				"must be Patroni's dedicated rewind user: not the superuser, not roled's own user (%q), not a fenced role", own)
+		case f.RetryInterval <= 0:
+			return config.Errorf("postgres.fence.retry-interval", f.RetryInterval, "must be positive")
+		}
+	}
 	if len(f.Roles) == 0 {
 		return nil
 	}
@@ -424,10 +448,6 @@ func (c Config) validateDurability() error {
 	}
 	if f.RetryInterval <= 0 {
 		return config.Errorf("postgres.fence.retry-interval", f.RetryInterval, "must be positive")
-	}
-	own := ""
-	if cc, err := pgx.ParseConfig(c.Postgres.DSN); err == nil {
-		own = cc.User
 	}
 	for _, r := range f.Roles {
 		if r == "" || r == own {

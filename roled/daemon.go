@@ -26,6 +26,8 @@ import (
 //   - patroni: polls Patroni and PostgreSQL;
 //   - canary: commits a heartbeat row on the local primary (canary.go);
 //   - fence: sets the database fence after leaving ACTIVE (dbfence.go);
+//   - rewind hold: locks Patroni's rewind user out while a takeover alarm
+//     naming this node is held (rewindhold.go);
 //   - state: the only goroutine that changes the role (see stateLoop);
 //   - heartbeat, HTTP, agent-check listeners, optional replica agent and PHP-FPM.
 //
@@ -38,9 +40,10 @@ type Daemon struct {
 	start time.Time // monotonic base of now()
 
 	patroni *patroniClient
-	pg      *pgChecker // nil when postgres.enabled is false
-	canary  *canary    // nil when the commit canary is off (CanaryOn)
-	fence   *dbFence   // nil without postgres.fence.roles
+	pg      *pgChecker  // nil when postgres.enabled is false
+	canary  *canary     // nil when the commit canary is off (CanaryOn)
+	fence   *dbFence    // nil without postgres.fence.roles
+	rewind  *rewindHold // nil without postgres.fence.rewind-role
 	cli     *clientv3.Client
 
 	httpLn, agentLn, replicaLn net.Listener
@@ -148,6 +151,13 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*Daemon, error) {
 			return nil, config.Errorf("postgres.dsn", cfg.Postgres.DSN, "%v", err)
 		}
 		d.fence = f
+	}
+	if r := cfg.Postgres.Fence.RewindRole; r != "" {
+		h, err := newRewindHold(cfg.Postgres.DSN, r, cfg.Postgres.Fence.RetryInterval, cfg.Postgres.Timeout, lg.Named("rewind-hold"))
+		if err != nil {
+			return nil, config.Errorf("postgres.dsn", cfg.Postgres.DSN, "%v", err)
+		}
+		d.rewind = h
 	}
 	d.commits.Store(&CommitView{})
 	d.lease.Store(&leaseState{})
@@ -281,6 +291,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if d.canary != nil {
 		g.Go(func() error { return d.canaryLoop(gctx) })
+	}
+	if d.rewind != nil {
+		g.Go(func() error { return d.rewind.Run(gctx) })
 	}
 	if d.fence != nil {
 		g.Go(func() error { return d.fence.Run(gctx, d.now) })

@@ -345,6 +345,13 @@ func (d *Daemon) resolveTakeover(ctx context.Context, v *etcdView) {
 			a = &v.alarms[i]
 		}
 	}
+	// The rewind hold follows the alarm: held while an alarm names us and
+	// is not acknowledged (raised just now, held, or about to be proved:
+	// holding a moment too long only delays the other node's rewind).
+	held := a != nil || (v.takeover != nil && v.takeover.Member == d.cfg.member() && v.takeoverBlocks(d.cfg.member()))
+	if d.rewind != nil {
+		d.rewind.Set(held)
+	}
 	if a == nil {
 		return
 	}

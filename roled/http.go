@@ -56,6 +56,8 @@ type PostgresSummary struct {
 	Commits *CommitSummary `json:"commits,omitempty"`
 	// Fence is the database fence (nil without postgres.fence.roles).
 	Fence *FenceStatus `json:"fence,omitempty"`
+	// RewindHold is the rewind hold (nil without postgres.fence.rewind-role).
+	RewindHold *RewindHoldStatus `json:"rewind_hold,omitempty"`
 }
 
 // LeaseSummary is the fencing lease.
@@ -106,6 +108,10 @@ func (d *Daemon) Status() Status {
 	if d.fence != nil {
 		fs := d.fence.Status()
 		st.Postgres.Fence = &fs
+	}
+	if d.rewind != nil {
+		rs := d.rewind.Status()
+		st.Postgres.RewindHold = &rs
 	}
 	st.Lease = LeaseSummary{ID: leaseHex(l.id), TTLSeconds: l.ttl.Seconds(),
 		DeadlineInSeconds: (l.deadline - now).Seconds()}
