@@ -445,7 +445,7 @@ func (s Status) WriteTable(w io.Writer) error {
 	}
 	for _, n := range s.Roled {
 		if n.Postgres != nil && n.Postgres.RewindHold != nil && n.Postgres.RewindHold.State == roled.RewindHoldSet {
-			fmt.Fprintf(w, "REWIND HOLD on %s: Patroni's rewind user %q cannot log in there while the takeover alarm is held, so the other node keeps what it wrote (its PostgreSQL stays stopped, not rewound) until you decide: `hapairctl ack` keeps %s and lets the rewind go ahead\n",
+			fmt.Fprintf(w, "REWIND HOLD on %s: Patroni's rewind user %q cannot log in there while the takeover alarm is held, so the other node keeps what it wrote (not rewound; its PostgreSQL stays up read-only) until you decide: `hapairctl ack` keeps %s and lets the rewind go ahead\n",
 				n.Node, n.Postgres.RewindHold.Role, n.Node)
 		}
 	}

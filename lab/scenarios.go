@@ -728,7 +728,7 @@ func PartitionDefaultHosts(ctx context.Context, l *Lab, r *Result) {
 func rewindHeld(l *Lab, r *Result, other string, off int64) {
 	log := l.logFrom(other, ProcPatroni, off)
 	ran := strings.Count(log, "running pg_rewind from dbname=")
-	refused := strings.Count(log, "Can not use ")
+	refused := strings.Count(log, `"`+"rewind_user"+`" is not permitted to log in`)
 	r.fig("takeover held: pg_rewind runs on "+other+" before the ack", float64(ran), "")
 	r.note("takeover held: %s's Patroni tried to rewind from the taker %d times and was refused (rewind hold); its data is intact until the ack", other, refused)
 	if ran > 0 {
