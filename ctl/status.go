@@ -81,6 +81,21 @@ type alarmFields struct {
 	DetectedAt  time.Time `json:"detected_at"`
 }
 
+// Guard is the takeover guard's verdict written into the alarm ("" before
+// roled wrote one).
+func (a Alarm) Guard() string { return a.fields().Guard }
+
+// Members returns the Patroni member that took the key and the one whose
+// key it took.
+func (a Alarm) Members() (taker, previous string) {
+	var v struct {
+		Member   string `json:"member"`
+		Previous string `json:"previous_value"`
+	}
+	_ = json.Unmarshal([]byte(a.Value), &v)
+	return v.Member, v.Previous
+}
+
 // AutoAcked reports whether roled acknowledged the alarm itself, having
 // proved that nothing the other node acknowledged is lost.
 func (a Alarm) AutoAcked() bool { return a.fields().AutoAcked }

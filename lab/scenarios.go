@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hapair/hapair/ctl"
@@ -803,7 +804,10 @@ func FrozenPatroni(ctx context.Context, l *Lab, r *Result) {
 			}
 		}
 		rewindHeld(l, r, NodeB, bLog)
-		ackAndSettle(ctx, l, r)
+		// nodeb served after nodea froze and nodea (PASSIVE and fenced
+		// since) wrote nothing it lacks: keep nodeb's data, the path the
+		// rewind hold leaves open (README).
+		keepOtherAndSettle(ctx, l, r, NodeA, NodeB)
 	} else if auto {
 		r.note("hapair: takeover alarm raised and acknowledged by roled itself (no other node ACTIVE since nodea was)")
 	}
@@ -844,6 +848,57 @@ func frozenAudit(ctx context.Context, l *Lab, r *Result, pr *probeRun, t0, aPass
 		r.note("frozen: audit: %v", err)
 	}
 	reportLocalWriter(ctx, l, r, "frozen", NodeA, leader, t0, aPassive, end)
+}
+
+// keepOtherAndSettle is the operator path that keeps the other node's data
+// after a held takeover (Lab.KeepOther), as a scenario step.
+func keepOtherAndSettle(ctx context.Context, l *Lab, r *Result, taker, other string) {
+	r.note("keeping %s's data: stopping Patroni on %s", other, taker)
+	active, redundant, err := l.KeepOther(ctx, taker, other)
+	if active > 0 {
+		r.secs("keep "+other+": ACTIVE after Patroni stopped on "+taker, active)
+	}
+	if err != nil {
+		r.fail("keep %s: %v", other, err)
+		return
+	}
+	r.secs("keep "+other+": redundant again after Patroni stopped on "+taker, redundant)
+}
+
+// KeepOther keeps the other node's data after a held takeover (README, the
+// rewind hold): stop Patroni on the taker (it stops its PostgreSQL and
+// gives up the leader key), let the other node's Patroni take the key with
+// its data intact, start the taker's Patroni again, which rewinds from it.
+// The re-created leader key clears the alarm. It returns how long after the
+// stop the other node was ACTIVE and the pair settled.
+func (l *Lab) KeepOther(ctx context.Context, taker, other string) (active, settled time.Duration, err error) {
+	t := time.Now()
+	l.logf("keeping %s's data after the takeover: stopping Patroni on %s", other, taker)
+	if err := l.Signal(taker, ProcPatroni, syscall.SIGTERM); err != nil {
+		return 0, 0, fmt.Errorf("stop Patroni on %s: %w", taker, err)
+	}
+	if !poll(ctx, 60*time.Second, 200*time.Millisecond, func() bool { _, ok := l.PID(taker, ProcPatroni); return !ok }) {
+		return 0, 0, fmt.Errorf("patroni on %s still running 60 s after SIGTERM", taker)
+	}
+	if !poll(ctx, 60*time.Second, 100*time.Millisecond, func() bool {
+		return l.httpCode(Client, "http://"+IP(other)+":7400/ha-health", time.Second) == 200
+	}) {
+		return 0, 0, fmt.Errorf("%s not ACTIVE within 60 s of Patroni's stop on %s", other, taker)
+	}
+	active = time.Since(t)
+	if err := l.removeStalePostmaster(taker); err != nil {
+		return active, 0, err
+	}
+	if err := l.startPatroni(taker); err != nil {
+		return active, 0, fmt.Errorf("start Patroni on %s: %w", taker, err)
+	}
+	if err := l.WaitSettled(ctx, other, 90*time.Second); err != nil {
+		return active, 0, err
+	}
+	if held, _ := alarmState(l.Ctl().Status(ctx).Alarms); held {
+		return active, 0, fmt.Errorf("the takeover alarm is still held after %s took the leader key anew", other)
+	}
+	return active, time.Since(t), nil
 }
 
 // ackAndSettle is the operator path after a takeover alarm: hapairctl ack,
@@ -966,8 +1021,9 @@ func Soak(ctx context.Context, opt Options, d time.Duration, w io.Writer) error 
 		f := soakFault(ctx, l)
 		l.logf("soak: %s on %s done", f.Kind, f.Target)
 		var err error
-		f.Acked, err = l.settleOrAck(ctx)
+		f.Acked, f.KeptOther, err = l.settleOrAck(ctx)
 		f.Alarm, f.AutoAcked = l.alarmSince(ctx, f.Began)
+		f.Alarm = f.Alarm || f.Acked || f.KeptOther // a kept-other alarm is gone by now
 		if err != nil {
 			f.Stuck = err.Error()
 			fmt.Fprintf(w, "after %s: %v\n", f.Kind, err)
@@ -1043,19 +1099,29 @@ func soakFault(ctx context.Context, l *Lab) soakFaultRun {
 // acknowledged the operator's way after 30 s. When it does not settle, the
 // error names the stuck state and its cause as hapairctl status says it
 // (its headline, with a stuck leader's remedy).
-func (l *Lab) settleOrAck(ctx context.Context) (acked bool, err error) {
+func (l *Lab) settleOrAck(ctx context.Context) (acked, keptOther bool, err error) {
 	settled := func() bool { return l.settledProblem(NodeA) == "" || l.settledProblem(NodeB) == "" }
 	const beforeAck = 30 * time.Second
 	if poll(ctx, beforeAck, 250*time.Millisecond, settled) {
-		return false, nil
+		return false, false, nil
 	}
-	if held, _ := alarmState(l.Ctl().Status(ctx).Alarms); held {
-		out, err := l.Ack(ctx)
-		l.logf("soak: takeover alarm; hapairctl ack: %v %s", err, out)
-		acked = true
+	if st := l.Ctl().Status(ctx); len(st.Alarms) > 0 {
+		if held, _ := alarmState(st.Alarms); held {
+			// The other node served after the taker, which was PASSIVE
+			// and fenced since: keep the other node's data (held by the
+			// rewind hold) when the alarm says so, else acknowledge.
+			if taker, other, ok := keepOtherCase(st); ok {
+				_, _, err := l.KeepOther(ctx, taker, other)
+				l.logf("soak: takeover alarm held; kept %s's data: %v", other, err)
+				return acked, true, err
+			}
+			out, err := l.Ack(ctx)
+			l.logf("soak: takeover alarm; hapairctl ack: %v %s", err, out)
+			acked = true
+		}
 	}
 	if poll(ctx, soakSettleBound-beforeAck, 250*time.Millisecond, settled) {
-		return acked, nil
+		return acked, false, nil
 	}
 	red := l.Ctl().Status(ctx).Redundancy
 	msg := fmt.Sprintf("not settled within %s (nodea as primary: %s; nodeb as primary: %s); hapairctl status: %s",
@@ -1065,7 +1131,25 @@ func (l *Lab) settleOrAck(ctx context.Context) (acked bool, err error) {
 			msg += "; remedy: " + s.Remedy
 		}
 	}
-	return acked, errors.New(msg)
+	return acked, false, errors.New(msg)
+}
+
+// keepOtherCase says whether a held takeover alarm is the case to keep the
+// other node's data: the guard found the other node ACTIVE after the taker,
+// and the taker's roled holds the rewind (so that data still exists).
+func keepOtherCase(st ctl.Status) (taker, other string, ok bool) {
+	for _, a := range st.Alarms {
+		if a.Acked() || a.Guard() != string(roled.GuardOtherActiveLater) {
+			continue
+		}
+		taker, other = a.Members()
+		for _, n := range st.Roled {
+			if n.Node == taker && n.Postgres != nil && n.Postgres.RewindHold != nil && n.Postgres.RewindHold.State == roled.RewindHoldSet {
+				return taker, other, other != ""
+			}
+		}
+	}
+	return "", "", false
 }
 
 // alarmSince reports whether a takeover alarm was raised at or after began,

@@ -44,6 +44,9 @@ type soakFaultRun struct {
 	// Alarm: a takeover alarm was raised during the fault or its settling;
 	// AutoAcked: roled acknowledged it itself (the guard's proof held).
 	Alarm, AutoAcked bool
+	// KeptOther: a held takeover alarm was resolved by keeping the other
+	// node's data (Lab.KeepOther) instead of acknowledging it.
+	KeptOther bool
 	// Errors of the fault's own actions (a refused switchover, a failed
 	// start): the fault may not have happened as planned.
 	Errors []string
@@ -206,10 +209,13 @@ func writeSoakSummary(w io.Writer, r soakResult) error {
 	if r.Dual > 0 {
 		fails = append(fails, fmt.Sprintf("%d dual-ACTIVE rounds", r.Dual))
 	}
-	acks, alarms, autos := 0, 0, 0
+	acks, alarms, autos, kept := 0, 0, 0, 0
 	for _, f := range r.Runs {
 		if f.Acked {
 			acks++
+		}
+		if f.KeptOther {
+			kept++
 		}
 		if f.Alarm {
 			alarms++
@@ -218,8 +224,8 @@ func writeSoakSummary(w io.Writer, r soakResult) error {
 			autos++
 		}
 	}
-	fmt.Fprintf(w, "takeover alarms: %d raised; %d acknowledged by roled itself (proved nothing lost); %d held and acknowledged by the soak (hapairctl ack)\n",
-		alarms, autos, acks)
+	fmt.Fprintf(w, "takeover alarms: %d raised; %d acknowledged by roled itself (proved nothing lost); held for a person: %d resolved by keeping the other node's data (its rewind held; Patroni stopped on the taker), %d acknowledged (hapairctl ack)\n",
+		alarms, autos, kept, acks)
 	fmt.Fprintf(w, "%-14s %3s  %-24s %-24s %-9s %s\n", "fault", "n", "served again (med / max)", "redundant (med / max)", "rows lost",
 		"not settled / not redundant / never served")
 	for _, k := range kinds {
