@@ -51,15 +51,10 @@ type canary struct {
 }
 
 func newCanary(dsn, node string, c CanaryConfig, connectTimeout time.Duration) (*canary, error) {
-	cc, err := pgx.ParseConfig(dsn)
+	cc, err := pgConnConfig(dsn, "hapair-roled-canary", connectTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("postgres dsn: %w", err)
+		return nil, err
 	}
-	cc.ConnectTimeout = connectTimeout
-	if cc.RuntimeParams == nil {
-		cc.RuntimeParams = map[string]string{}
-	}
-	cc.RuntimeParams["application_name"] = "hapair-roled-canary"
 	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	k := &canary{cfg: cc, node: node, table: pgx.Identifier{c.Table}.Sanitize(),
 		syncMode: c.SynchronousCommit, hangAfter: c.HangAfter}

@@ -83,15 +83,10 @@ type dbFence struct {
 }
 
 func newDBFence(dsn string, c FenceConfig, timeout time.Duration, lg *zap.Logger, m *Metrics) (*dbFence, error) {
-	cc, err := pgx.ParseConfig(dsn)
+	cc, err := pgConnConfig(dsn, "hapair-roled-fence", timeout)
 	if err != nil {
-		return nil, fmt.Errorf("postgres dsn: %w", err)
+		return nil, err
 	}
-	cc.ConnectTimeout = timeout
-	if cc.RuntimeParams == nil {
-		cc.RuntimeParams = map[string]string{}
-	}
-	cc.RuntimeParams["application_name"] = "hapair-roled-fence"
 	f := &dbFence{cfg: cc, roles: append([]string(nil), c.Roles...), retry: c.RetryInterval, tout: timeout,
 		lg: lg, m: m, kick: make(chan struct{}, 1)}
 	f.st.Store(&FenceStatus{State: FenceOff, Roles: f.roles, Since: time.Now().UTC()})

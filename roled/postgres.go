@@ -18,7 +18,10 @@ type pgChecker struct {
 	conn *pgx.Conn
 }
 
-func newPGChecker(dsn string, timeout time.Duration) (*pgChecker, error) {
+// pgConnConfig parses dsn for one of roled's connections: its own
+// application_name (so each shows up apart in pg_stat_activity) and the
+// connect timeout.
+func pgConnConfig(dsn, app string, timeout time.Duration) (*pgx.ConnConfig, error) {
 	cc, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("postgres dsn: %w", err)
@@ -27,7 +30,15 @@ func newPGChecker(dsn string, timeout time.Duration) (*pgChecker, error) {
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
 	}
-	cc.RuntimeParams["application_name"] = "hapair-roled"
+	cc.RuntimeParams["application_name"] = app
+	return cc, nil
+}
+
+func newPGChecker(dsn string, timeout time.Duration) (*pgChecker, error) {
+	cc, err := pgConnConfig(dsn, "hapair-roled", timeout)
+	if err != nil {
+		return nil, err
+	}
 	// A simple protocol keeps each check at one round trip and survives a
 	// PostgreSQL restart without stale prepared statements.
 	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol

@@ -64,15 +64,10 @@ type rewindHold struct {
 }
 
 func newRewindHold(dsn, role string, retry, timeout time.Duration, lg *zap.Logger) (*rewindHold, error) {
-	cc, err := pgx.ParseConfig(dsn)
+	cc, err := pgConnConfig(dsn, "hapair-roled-rewind-hold", timeout)
 	if err != nil {
-		return nil, fmt.Errorf("postgres dsn: %w", err)
+		return nil, err
 	}
-	cc.ConnectTimeout = timeout
-	if cc.RuntimeParams == nil {
-		cc.RuntimeParams = map[string]string{}
-	}
-	cc.RuntimeParams["application_name"] = "hapair-roled-rewind-hold"
 	h := &rewindHold{cfg: cc, role: role, retry: retry, tout: timeout, lg: lg, kick: make(chan struct{}, 1)}
 	h.st.Store(&RewindHoldStatus{State: RewindHoldPending, Role: role, Since: time.Now().UTC()})
 	return h, nil
