@@ -225,7 +225,7 @@ func stepRollingUpgrade(t *testing.T, ctx context.Context, c *Cluster, root stri
 			t.Fatalf("%s: failed %v\n%s", pb, failed, tail(out, 60))
 		}
 		fig.add("upgrade: "+pb, time.Since(t0))
-		v := w.between(t0, time.Now())
+		v := w.upTo(t, t0)
 		userFigures(t, fig, "upgrade "+pb, v)
 		// hapair-lb's new binary needs a restart (a reload keeps the old
 		// one): with one balancer the listeners are closed for that
@@ -274,8 +274,7 @@ func stepRestartRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, 
 	fig.add("roled restart: ACTIVE again", back)
 	st := waitHealthy(t, ctx, c)
 	fig.add("roled restart: healthy", time.Since(t0))
-	time.Sleep(time.Second) // writes started just before "healthy" complete
-	userFigures(t, fig, "roled restart", w.between(t0, time.Now()))
+	userFigures(t, fig, "roled restart", w.upTo(t, t0))
 	checkRoles(t, rw, v0, m0, 0)
 	if st.Redundancy.Active != active {
 		t.Errorf("ACTIVE moved from %s to %s on a roled restart", active, st.Redundancy.Active)
@@ -325,8 +324,7 @@ func stepFreezeRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, r
 	fig.add("roled SIGSTOP: ACTIVE again", back)
 	waitHealthy(t, ctx, c)
 	fig.add("roled SIGSTOP: healthy", time.Since(t0))
-	time.Sleep(time.Second)
-	userFigures(t, fig, "roled SIGSTOP", w.between(t0, time.Now()))
+	userFigures(t, fig, "roled SIGSTOP", w.upTo(t, t0))
 	checkRoles(t, rw, v0, m0, 0)
 }
 
@@ -388,7 +386,20 @@ func stepReboot(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *ro
 		}
 		fig.add(name+": takeover by "+other, time.Since(t0))
 	} else {
-		time.Sleep(2 * time.Second)
+		// Booted only once the cluster has seen the PASSIVE gone (its
+		// roled and Patroni member unreachable: REDUNDANT no), so the
+		// step is a reboot the others noticed, not a blip.
+		for {
+			st, _, err := status(ctx, c)
+			if err == nil && st.Redundancy.Level != ctl.Redundant {
+				break
+			}
+			if time.Since(t0) > time.Minute {
+				t.Fatalf("%s off for 1 min and hapairctl status still says REDUNDANT yes (%v)", node, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		fig.add(name+": status says REDUNDANT no", time.Since(t0))
 	}
 	tb := time.Now()
 	if err := h.Boot(ctx, 2*time.Minute); err != nil {
@@ -410,8 +421,7 @@ func stepReboot(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *ro
 	fig.add(name+": boot -> units active", time.Since(tb))
 	st := waitHealthy(t, ctx, c)
 	fig.add(name+": boot -> redundant", time.Since(tb))
-	time.Sleep(time.Second)
-	userFigures(t, fig, name, w.between(t0, time.Now()))
+	userFigures(t, fig, name, w.upTo(t, t0))
 	checkRoles(t, rw, v0, m0, planned)
 	if st.Redundancy.Active != other {
 		t.Errorf("after the reboot of %s: ACTIVE %s, want %s", node, st.Redundancy.Active, other)
