@@ -101,12 +101,22 @@ func drillVars(node string) string {
 
 // testAppUnit runs the lab's test application on a data node: it writes
 // a row to the local PostgreSQL and a file into the synced directory.
+//
+// UMask=0002 is part of the deployment's contract (ansible/roles/hapair_roled
+// README): roled's sync receiver runs as the hapair user without
+// CAP_DAC_OVERRIDE, so it can only write into directories the application
+// made group-writable (the synced root is setgid hapair, so the group is
+// inherited). With the default umask the application's first directory was
+// root:hapair 2755 and, after the first switchover, every file synced back
+// to the old ACTIVE failed ("create temp: openat w: permission denied",
+// REDUNDANT no for good: seen on these hosts).
 func testAppUnit(node string) string {
 	return `[Unit]
 Description=hapair deployment test application (hapair-lab app)
 After=network-online.target patroni.service
 
 [Service]
+UMask=0002
 ExecStart=/usr/local/bin/hapair-lab app --node ` + node + ` --listen :8080 --dir /srv/app/uploads --marker /var/lib/app-ha/active --dsn postgres://postgres:` + superPassword + `@127.0.0.1:5432/postgres?connect_timeout=1
 Restart=always
 RestartSec=1s
@@ -315,6 +325,9 @@ func TestDeploySystemd(t *testing.T) {
 		if st.Redundancy.Active != to {
 			t.Errorf("ACTIVE after the switchover: %s, want %s (was %s)", st.Redundancy.Active, to, from)
 		}
+		// Files now flow the other way, into the directories the old
+		// ACTIVE's application made.
+		writeAndSync(t, ctx, c, to, from, 2)
 	})
 
 	t.Run("drill", func(t *testing.T) {
