@@ -653,6 +653,27 @@ func (s *Syncer) quarantine(rt *rootState, d *os.File, name, rel string, epoch i
 
 const maxQuarantineList = 100
 
+// chmodDir gives the directory d the mode sent (already through the
+// policy, so without setgid), keeping a setgid bit d has here: it was
+// inherited from a setgid parent (Linux's mkdir does that) or set by the
+// owner, not sent, and a synced root's setgid group is what lets the
+// application and a non-root receiver share the tree. A directory already
+// in that mode is left alone: chmod(2) by anyone but the owner fails, and
+// a non-root receiver does not own the directories the application made
+// (the deployment test failed on "chmod w: operation not permitted" after
+// its first switchover).
+func chmodDir(d *os.File, mode uint32) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: d.Name(), Err: err}
+	}
+	want := mode | st.Mode&unix.S_ISGID
+	if st.Mode&0o7777 == want {
+		return nil
+	}
+	return d.Chmod(fileMode(want))
+}
+
 func (s *Syncer) recvMkdir(rt *rootState, q request) error {
 	dir, err := s.parentOf(rt, q, q.path, true)
 	if err != nil {
@@ -672,7 +693,7 @@ func (s *Syncer) recvMkdir(rt *rootState, q request) error {
 		if err := setOwner(d.Chown, q); err != nil {
 			return err
 		}
-		return d.Chmod(fileMode(q.mode))
+		return chmodDir(d, q.mode)
 	}
 	err = s.install(rt, q, t, keepDir,
 		func() error {
