@@ -417,12 +417,12 @@ func TestTokenAuth(t *testing.T) {
 	}
 }
 
-// A directory keeps the setgid bit it has here (inherited from a setgid
-// root, or set by its owner) and one already in the sent mode is not
-// chmod'ed at all: a receiver that is not root does not own the
-// application's directories, and chmod(2) by anyone else fails (the
-// deployment on systemd hosts: "chmod w: operation not permitted" after a
-// switchover). A mode that differs is still applied.
+// A directory whose permission bits are already the sent mode is not
+// chmod'ed at all, and keeps the setgid bit it has here: a receiver that
+// is not root does not own the application's directories, and chmod(2) by
+// anyone else fails (the deployment on systemd hosts: "chmod w: operation
+// not permitted" after a switchover). A mode that differs is applied
+// (without setgid: the roled unit's RestrictSUIDSGID refuses setting it).
 func TestMkdirKeepsSetgidAndOwnersMode(t *testing.T) {
 	_, b, p := pair(t)
 	h := newHostileClient(t, p, b.ln.Addr().String())
@@ -452,7 +452,7 @@ func TestMkdirKeepsSetgidAndOwnersMode(t *testing.T) {
 		path, mode string
 		want       fs.FileMode
 	}{
-		{"new", "775", 0o775 | fs.ModeSetgid}, // mkdir in a setgid directory inherits it
+		{"new", "775", 0o775}, // made 0700 (setgid inherited), then chmod'ed
 		{"app", "775", 0o775 | fs.ModeSetgid},
 		{"plain", "750", 0o750},
 	} {
