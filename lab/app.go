@@ -363,7 +363,10 @@ func (a *App) writeFile(id int64) error {
 		return nil
 	}
 	d := filepath.Join(a.dir, "w")
-	if err := os.MkdirAll(d, 0o755); err != nil {
+	// 0o777 less the umask, as programs do: a deployment whose file sync
+	// runs as another user gives the application a umask that leaves the
+	// directory group-writable (deploy/hosts' test unit: UMask=0002).
+	if err := os.MkdirAll(d, 0o777); err != nil {
 		return err
 	}
 	marker := ""

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/hapair/hapair/internal/config"
 )
 
@@ -412,5 +414,60 @@ func TestTokenAuth(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || readFile(filepath.Join(b.root, "t.txt")) != "x" {
 		t.Fatalf("with the token: %d", resp.StatusCode)
+	}
+}
+
+// A directory whose permission bits are already the sent mode is not
+// chmod'ed at all, and keeps the setgid bit it has here: a receiver that
+// is not root does not own the application's directories, and chmod(2) by
+// anyone else fails (the deployment on systemd hosts: "chmod w: operation
+// not permitted" after a switchover). A mode that differs is applied
+// (without setgid: the roled unit's RestrictSUIDSGID refuses setting it).
+func TestMkdirKeepsSetgidAndOwnersMode(t *testing.T) {
+	_, b, p := pair(t)
+	h := newHostileClient(t, p, b.ln.Addr().String())
+	if err := os.Chmod(b.root, 0o775|fs.ModeSetgid); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"app", "plain"} {
+		if err := os.Mkdir(filepath.Join(b.root, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(filepath.Join(b.root, "app"), 0o775|fs.ModeSetgid); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(b.root, "plain"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctime := func(d string) unix.Timespec {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(b.root, d), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Ctim
+	}
+	before := ctime("app")
+	for _, c := range []struct {
+		path, mode string
+		want       fs.FileMode
+	}{
+		{"new", "775", 0o775}, // made 0700 (setgid inherited), then chmod'ed
+		{"app", "775", 0o775 | fs.ModeSetgid},
+		{"plain", "750", 0o750},
+	} {
+		if st := h.do("POST", "/v1/mkdir/data?path="+c.path+"&mode="+c.mode, "10", ""); st != 200 {
+			t.Fatalf("mkdir %s: %d", c.path, st)
+		}
+		fi, err := os.Stat(filepath.Join(b.root, c.path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode() & (fs.ModePerm | fs.ModeSetgid); got != c.want {
+			t.Errorf("%s: mode %v, want %v", c.path, got, c.want)
+		}
+	}
+	if after := ctime("app"); after != before {
+		t.Errorf("app: chmod'ed although already in the sent mode (ctime %v -> %v)", before, after)
 	}
 }

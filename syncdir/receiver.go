@@ -653,6 +653,28 @@ func (s *Syncer) quarantine(rt *rootState, d *os.File, name, rel string, epoch i
 
 const maxQuarantineList = 100
 
+// chmodDir gives the directory d the mode sent (already through the
+// policy: permission bits only), unless its permission bits are that
+// already: then it is left alone, a setgid bit it has here included. A
+// non-root receiver does not own the application's directories, and
+// chmod(2) by anyone but the owner fails (the deployment on systemd hosts
+// failed on "chmod w: operation not permitted" after its first
+// switchover); the setgid bit of a directory under a setgid synced root
+// is inherited here, not sent, and is what gives the application's and
+// the receiver's files one group. Where the mode must change the setgid
+// bit goes (as before): hapair-roled's unit has RestrictSUIDSGID=yes, which
+// refuses any chmod that sets it.
+func chmodDir(d *os.File, mode uint32) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: d.Name(), Err: err}
+	}
+	if st.Mode&^unix.S_ISGID&0o7777 == mode {
+		return nil
+	}
+	return d.Chmod(fileMode(mode))
+}
+
 func (s *Syncer) recvMkdir(rt *rootState, q request) error {
 	dir, err := s.parentOf(rt, q, q.path, true)
 	if err != nil {
@@ -672,7 +694,7 @@ func (s *Syncer) recvMkdir(rt *rootState, q request) error {
 		if err := setOwner(d.Chown, q); err != nil {
 			return err
 		}
-		return d.Chmod(fileMode(q.mode))
+		return chmodDir(d, q.mode)
 	}
 	err = s.install(rt, q, t, keepDir,
 		func() error {

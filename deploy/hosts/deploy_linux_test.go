@@ -101,12 +101,22 @@ func drillVars(node string) string {
 
 // testAppUnit runs the lab's test application on a data node: it writes
 // a row to the local PostgreSQL and a file into the synced directory.
+//
+// UMask=0002 is part of the deployment's contract (ansible/roles/hapair_roled
+// README): roled's sync receiver runs as the hapair user without
+// CAP_DAC_OVERRIDE, so it can only write into directories the application
+// made group-writable (the synced root is setgid hapair, so the group is
+// inherited). With the default umask the application's first directory was
+// root:hapair 2755 and, after the first switchover, every file synced back
+// to the old ACTIVE failed ("create temp: openat w: permission denied",
+// REDUNDANT no for good: seen on these hosts).
 func testAppUnit(node string) string {
 	return `[Unit]
 Description=hapair deployment test application (hapair-lab app)
 After=network-online.target patroni.service
 
 [Service]
+UMask=0002
 ExecStart=/usr/local/bin/hapair-lab app --node ` + node + ` --listen :8080 --dir /srv/app/uploads --marker /var/lib/app-ha/active --dsn postgres://postgres:` + superPassword + `@127.0.0.1:5432/postgres?connect_timeout=1
 Restart=always
 RestartSec=1s
@@ -285,6 +295,7 @@ func TestDeploySystemd(t *testing.T) {
 		if st.Active == nil || st.Active.Node != active {
 			t.Errorf("the ACTIVE node changed during the second run: %+v (was %s)", st.Active, active)
 		}
+		w.settle(t, time.Now())
 		ok, bad := w.counts()
 		t.Logf("writer during the second run: %d ok, %d failed", ok, bad)
 		if bad != 0 {
@@ -314,6 +325,9 @@ func TestDeploySystemd(t *testing.T) {
 		if st.Redundancy.Active != to {
 			t.Errorf("ACTIVE after the switchover: %s, want %s (was %s)", st.Redundancy.Active, to, from)
 		}
+		// Files now flow the other way, into the directories the old
+		// ACTIVE's application made.
+		writeAndSync(t, ctx, c, to, from, 2)
 	})
 
 	t.Run("drill", func(t *testing.T) {
@@ -343,7 +357,7 @@ func TestDeploySystemd(t *testing.T) {
 		fig.add("hapairctl drill, both ways", time.Since(t0))
 		drillFigures(t, fig, out)
 		// Hard power-offs: failures are expected until the takeover.
-		userFigures(t, fig, "drill", w.between(t0, time.Now()))
+		userFigures(t, fig, "drill", w.upTo(t, t0))
 		if err != nil {
 			t.Fatalf("hapairctl drill: %v", err)
 		}
@@ -676,10 +690,11 @@ func changedTasks(out string) string {
 // controller's namespace, like a user, until stopped. Every request is kept
 // (start, end, result), so a step can say what the user saw during it.
 type writer struct {
-	cancel  context.CancelFunc
-	done    chan struct{}
-	mu      sync.Mutex
-	samples []sample
+	cancel   context.CancelFunc
+	done     chan struct{}
+	mu       sync.Mutex
+	samples  []sample
+	inflight map[int]time.Time // id -> start of the writes not yet answered
 }
 
 // sample is one write as the user saw it.
@@ -693,7 +708,7 @@ type sample struct {
 
 func startWriter(ctx context.Context, c *Cluster, firstID int) *writer {
 	ctx, cancel := context.WithCancel(ctx)
-	w := &writer{cancel: cancel, done: make(chan struct{})}
+	w := &writer{cancel: cancel, done: make(chan struct{}), inflight: map[int]time.Time{}}
 	cl := client(c)
 	var wg sync.WaitGroup
 	go func() {
@@ -722,9 +737,15 @@ func startWriter(ctx context.Context, c *Cluster, firstID int) *writer {
 
 func (w *writer) write(ctx context.Context, cl *http.Client, c *Cluster, id int) {
 	s := sample{id: id, start: time.Now()}
+	w.mu.Lock()
+	w.inflight[id] = s.start
+	w.mu.Unlock()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("http://%s/write?id=%d", addrs[lbHost], id), nil)
 	resp, err := cl.Do(req)
 	if ctx.Err() != nil {
+		w.mu.Lock()
+		delete(w.inflight, id)
+		w.mu.Unlock()
 		return
 	}
 	s.end = time.Now()
@@ -748,7 +769,42 @@ func (w *writer) write(ctx context.Context, cl *http.Client, c *Cluster, id int)
 	}
 	w.mu.Lock()
 	w.samples = append(w.samples, s)
+	delete(w.inflight, id)
 	w.mu.Unlock()
+}
+
+// settle waits until every write started before t1 has its answer (a
+// held one ends up to the balancer's hold-timeout later; the client gives
+// up after its 10 s timeout), so a step's figures count all of its writes.
+func (w *writer) settle(t *testing.T, t1 time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		w.mu.Lock()
+		open := 0
+		for _, start := range w.inflight {
+			if start.Before(t1) {
+				open++
+			}
+		}
+		w.mu.Unlock()
+		if open == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes started before %s still unanswered after 30 s (the client's timeout is 10 s)", open, t1.Format("15:04:05.000"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// upTo is what the user saw of the writes started in [t0, now), once all of
+// them are answered.
+func (w *writer) upTo(t *testing.T, t0 time.Time) userView {
+	t.Helper()
+	t1 := time.Now()
+	w.settle(t, t1)
+	return w.between(t0, t1)
 }
 
 func (w *writer) counts() (ok, bad int) {

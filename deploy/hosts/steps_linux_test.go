@@ -225,7 +225,7 @@ func stepRollingUpgrade(t *testing.T, ctx context.Context, c *Cluster, root stri
 			t.Fatalf("%s: failed %v\n%s", pb, failed, tail(out, 60))
 		}
 		fig.add("upgrade: "+pb, time.Since(t0))
-		v := w.between(t0, time.Now())
+		v := w.upTo(t, t0)
 		userFigures(t, fig, "upgrade "+pb, v)
 		// hapair-lb's new binary needs a restart (a reload keeps the old
 		// one): with one balancer the listeners are closed for that
@@ -274,8 +274,7 @@ func stepRestartRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, 
 	fig.add("roled restart: ACTIVE again", back)
 	st := waitHealthy(t, ctx, c)
 	fig.add("roled restart: healthy", time.Since(t0))
-	time.Sleep(time.Second) // writes started just before "healthy" complete
-	userFigures(t, fig, "roled restart", w.between(t0, time.Now()))
+	userFigures(t, fig, "roled restart", w.upTo(t, t0))
 	checkRoles(t, rw, v0, m0, 0)
 	if st.Redundancy.Active != active {
 		t.Errorf("ACTIVE moved from %s to %s on a roled restart", active, st.Redundancy.Active)
@@ -325,8 +324,7 @@ func stepFreezeRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, r
 	fig.add("roled SIGSTOP: ACTIVE again", back)
 	waitHealthy(t, ctx, c)
 	fig.add("roled SIGSTOP: healthy", time.Since(t0))
-	time.Sleep(time.Second)
-	userFigures(t, fig, "roled SIGSTOP", w.between(t0, time.Now()))
+	userFigures(t, fig, "roled SIGSTOP", w.upTo(t, t0))
 	checkRoles(t, rw, v0, m0, 0)
 }
 
@@ -388,7 +386,20 @@ func stepReboot(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *ro
 		}
 		fig.add(name+": takeover by "+other, time.Since(t0))
 	} else {
-		time.Sleep(2 * time.Second)
+		// Booted only once the cluster has seen the PASSIVE gone (its
+		// roled and Patroni member unreachable: REDUNDANT no), so the
+		// step is a reboot the others noticed, not a blip.
+		for {
+			st, _, err := status(ctx, c)
+			if err == nil && st.Redundancy.Level != ctl.Redundant {
+				break
+			}
+			if time.Since(t0) > time.Minute {
+				t.Fatalf("%s off for 1 min and hapairctl status still says REDUNDANT yes (%v)", node, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		fig.add(name+": status says REDUNDANT no", time.Since(t0))
 	}
 	tb := time.Now()
 	if err := h.Boot(ctx, 2*time.Minute); err != nil {
@@ -410,8 +421,7 @@ func stepReboot(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *ro
 	fig.add(name+": boot -> units active", time.Since(tb))
 	st := waitHealthy(t, ctx, c)
 	fig.add(name+": boot -> redundant", time.Since(tb))
-	time.Sleep(time.Second)
-	userFigures(t, fig, name, w.between(t0, time.Now()))
+	userFigures(t, fig, name, w.upTo(t, t0))
 	checkRoles(t, rw, v0, m0, planned)
 	if st.Redundancy.Active != other {
 		t.Errorf("after the reboot of %s: ACTIVE %s, want %s", node, st.Redundancy.Active, other)
@@ -430,19 +440,22 @@ func servedBy(st ctl.Status, node string) bool {
 }
 
 // drillFigures picks hapairctl drill's table (ctl.WriteDrillReport) apart
-// into FIGURE lines, one set per phase.
+// into FIGURE lines, one set per phase. Columns: LOST TAKEOVER PATRONI
+// ACTIVE LB 1ST-WRITE FAILED OUTAGES DOWN ACKED REJOINED RESULT (the header
+// spells "1ST WRITE" in two words; the rows have one field each).
 func drillFigures(t *testing.T, fig *figures, out string) {
 	t.Helper()
-	header := false
+	header, rows := false, 0
 	for _, l := range strings.Split(out, "\n") {
 		f := strings.Fields(l)
 		if len(f) > 0 && f[0] == "LOST" {
 			header = true
 			continue
 		}
-		if !header || len(f) < 10 || (f[0] != nodeA && f[0] != nodeB) {
+		if !header || len(f) < 12 || (f[0] != nodeA && f[0] != nodeB) {
 			continue
 		}
+		rows++
 		sec := func(s string) time.Duration {
 			v, _ := strconv.ParseFloat(strings.TrimSuffix(s, "s"), 64)
 			return time.Duration(v * float64(time.Second))
@@ -452,8 +465,42 @@ func drillFigures(t *testing.T, fig *figures, out string) {
 		fig.add(name+": roled ACTIVE", sec(f[3]))
 		fig.add(name+": balancer serves "+f[1], sec(f[4]))
 		fig.add(name+": first write", sec(f[5]))
-		fig.note(name+": probe writes failed", f[6])
-		fig.add(name+": downtime", sec(f[7]))
-		fig.add(name+": rejoined (redundant)", sec(f[8]))
+		fig.note(name+": probe writes failed", f[6]+" ("+f[7]+" outages)")
+		fig.add(name+": downtime", sec(f[8]))
+		fig.note(name+": acknowledged writes on "+f[1], f[9])
+		fig.add(name+": rejoined (redundant)", sec(f[10]))
+	}
+	if rows == 0 {
+		t.Errorf("no drill table rows in hapairctl drill's output (columns of ctl.WriteDrillReport changed?)")
+	}
+}
+
+// TestDrillFiguresReadsTheReport: the figures are read from the table
+// hapairctl drill prints (ctl.WriteDrillReport); a column added there must
+// not shift them silently (OUTAGES and ACKED once did: REJOINED was read
+// from DOWN).
+func TestDrillFiguresReadsTheReport(t *testing.T) {
+	var b strings.Builder
+	ctl.WriteDrillReport(&b, []ctl.DrillPhase{{
+		Victim: nodeA, Survivor: nodeB,
+		PatroniLeader: 11 * time.Second, RoledActive: 12 * time.Second, LBServing: 13 * time.Second,
+		FirstWrite: 14 * time.Second, Rejoined: 25 * time.Second,
+		Probe:      ctl.ProbeReport{Failed: 7, Outages: 1, TotalDown: 15 * time.Second},
+		AckChecked: true, AckedBefore: 40,
+	}})
+	fig := &figures{t: t, vals: map[string]time.Duration{}}
+	drillFigures(t, fig, b.String())
+	want := map[string]time.Duration{
+		"drill nodea lost: Patroni leader nodeb":  11 * time.Second,
+		"drill nodea lost: roled ACTIVE":          12 * time.Second,
+		"drill nodea lost: balancer serves nodeb": 13 * time.Second,
+		"drill nodea lost: first write":           14 * time.Second,
+		"drill nodea lost: downtime":              15 * time.Second,
+		"drill nodea lost: rejoined (redundant)":  25 * time.Second,
+	}
+	for k, v := range want {
+		if fig.vals[k] != v {
+			t.Errorf("%s = %s, want %s (table:\n%s)", k, fig.vals[k], v, b.String())
+		}
 	}
 }
