@@ -38,11 +38,12 @@ test: deps vet
 	@mkdir -p $(BIN)
 	$(GO) test -count=1 -timeout 32m -run TestLab -v ./lab/ > $(BIN)/lab-test.log 2>&1 || { tail -n 300 $(BIN)/lab-test.log; exit 1; }
 	@head -c 300000 $(BIN)/lab-test.log
-	# deploy/hosts' unit tests (the systemd-host deployment itself: make test-deploy).
+	# deploy/hosts' unit tests, then the deployment itself on five systemd hosts.
 	$(GO) test -race -count=1 -short ./deploy/hosts/
+	$(MAKE) --no-print-directory test-deploy
 
-# The deployment on five systemd hosts (deploy/hosts, as root): not yet part of
-# `make test` because it has not yet passed end to end (README, Deploy).
+# The deployment on five systemd hosts (deploy/hosts, as root; README, Deploy):
+# site.yml, drill, rolling upgrade, restarts, reboots. Also the end of `make test`.
 test-deploy:
 	scripts/deps.sh test deploy
 	@mkdir -p $(BIN)

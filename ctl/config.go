@@ -33,6 +33,12 @@ type Config struct {
 	Namespace string        `yaml:"namespace"`
 	Timeout   time.Duration `yaml:"timeout"`
 	Etcd      config.Etcd   `yaml:"etcd"`
+	// PatroniTLS is for https patroni-url (Patroni's restapi.certfile):
+	// ca-file verifies Patroni (the URL's host must be in its certificate),
+	// cert-file/key-file are the client certificate that Patroni's
+	// verify_client (optional or required) asks for on POST /switchover.
+	// Only Patroni's REST API uses it. Default: none (the system's CAs).
+	PatroniTLS config.TLS `yaml:"patroni-tls"`
 	// WitnessNames are the etcd members that are witnesses (status marks them).
 	WitnessNames []string `yaml:"witness-names"`
 	Nodes        []Node   `yaml:"nodes"`
@@ -112,6 +118,9 @@ func (c *Config) Validate() error {
 		return config.Errorf("timeout", c.Timeout, "must be positive")
 	}
 	if err := c.Etcd.Validate("etcd"); err != nil {
+		return err
+	}
+	if err := c.PatroniTLS.Validate("patroni-tls"); err != nil {
 		return err
 	}
 	seen := map[string]bool{}
@@ -209,20 +218,38 @@ type Client struct {
 	// target lacks.
 	Force bool
 	HTTP  *http.Client
-	dial  Dialer
-	lg    *zap.Logger
+	// Patroni is HTTP with patroni-tls: for Patroni's REST API only, so
+	// that the cluster's CA is not what an https balancer URL is checked
+	// against.
+	Patroni *http.Client
+	dial    Dialer
+	lg      *zap.Logger
 }
 
-// NewClient builds a client; dial may be nil.
+// NewClient builds a client; dial may be nil. cfg has been validated
+// (patroni-tls's files read); should they fail now, https calls to Patroni
+// fail verification and say so.
 func NewClient(cfg Config, dial Dialer, lg *zap.Logger) *Client {
-	tr := &http.Transport{DisableKeepAlives: true}
-	if dial != nil {
-		tr.DialContext = dial
-	}
 	if lg == nil {
 		lg = zap.NewNop()
 	}
-	return &Client{Cfg: cfg, HTTP: &http.Client{Transport: tr, Timeout: cfg.Timeout}, dial: dial, lg: lg}
+	transport := func() *http.Transport {
+		tr := &http.Transport{DisableKeepAlives: true}
+		if dial != nil {
+			tr.DialContext = dial
+		}
+		return tr
+	}
+	ptr := transport()
+	if cfg.PatroniTLS.Enabled() {
+		tc, err := cfg.PatroniTLS.ClientConfig()
+		if err != nil {
+			lg.Error("patroni-tls", zap.Error(err))
+		}
+		ptr.TLSClientConfig = tc
+	}
+	return &Client{Cfg: cfg, HTTP: &http.Client{Transport: transport(), Timeout: cfg.Timeout},
+		Patroni: &http.Client{Transport: ptr, Timeout: cfg.Timeout}, dial: dial, lg: lg}
 }
 
 // Etcd connects to etcd (through the client's dialer).

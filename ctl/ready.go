@@ -139,7 +139,7 @@ func (c *Client) leaderReplication(ctx context.Context, members []PatroniMember)
 				var st struct {
 					Replication []Replication `json:"replication"`
 				}
-				if err := c.getJSON(ctx, strings.TrimSuffix(ln.PatroniURL, "/")+"/patroni", &st); err == nil {
+				if err := c.getPatroniJSON(ctx, strings.TrimSuffix(ln.PatroniURL, "/")+"/patroni", &st); err == nil {
 					return st.Replication
 				}
 			}

@@ -288,11 +288,20 @@ func (c *Client) readKeys(ctx context.Context, cli *clientv3.Client, st *Status)
 }
 
 func (c *Client) getJSON(ctx context.Context, url string, v any) error {
+	return getJSONVia(ctx, c.HTTP, url, v)
+}
+
+// getPatroniJSON reads Patroni's REST API (through patroni-tls).
+func (c *Client) getPatroniJSON(ctx context.Context, url string, v any) error {
+	return getJSONVia(ctx, c.Patroni, url, v)
+}
+
+func getJSONVia(ctx context.Context, hc *http.Client, url string, v any) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}
@@ -305,7 +314,7 @@ func (c *Client) patroniCluster(ctx context.Context) []PatroniMember {
 		var cl struct {
 			Members []PatroniMember `json:"members"`
 		}
-		if err := c.getJSON(ctx, strings.TrimSuffix(n.PatroniURL, "/")+"/cluster", &cl); err == nil {
+		if err := c.getPatroniJSON(ctx, strings.TrimSuffix(n.PatroniURL, "/")+"/cluster", &cl); err == nil {
 			return cl.Members
 		}
 	}

@@ -232,7 +232,7 @@ func (c *Client) postSwitchover(ctx context.Context, from, to Node) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	hc := *c.HTTP
+	hc := *c.Patroni
 	hc.Timeout = 30 * time.Second
 	resp, err := hc.Do(req)
 	if err != nil {

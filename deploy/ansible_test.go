@@ -567,9 +567,29 @@ func (c *converge) checkRendered(t *testing.T) {
 	}
 	// Patroni's unsafe REST endpoints need credentials (issue 18: anyone
 	// reaching :8008 could POST /switchover or /reinitialize).
-	auth, _ := readYAML(t, c.path("A", "etc/patroni/config.yml"))["restapi"].(map[string]any)["authentication"].(map[string]any)
+	restapi, _ := readYAML(t, c.path("A", "etc/patroni/config.yml"))["restapi"].(map[string]any)
+	auth, _ := restapi["authentication"].(map[string]any)
 	if auth["username"] != "patroni" || auth["password"] != "test-restapi" {
 		t.Errorf("A: restapi.authentication = %v, want patroni/test-restapi", auth)
+	}
+	// ... and, with TLS on, a client certificate the cluster's CA signed:
+	// HTTPS with verify_client optional (certificate-less unsafe requests
+	// get 403; GETs need none).
+	clean := func(v any) string { s, _ := v.(string); return filepath.Clean(s) }
+	if clean(restapi["certfile"]) != c.path("A", "etc/hapair/tls/node.pem") || clean(restapi["cafile"]) != c.path("A", "etc/hapair/tls/ca.pem") ||
+		restapi["verify_client"] != "optional" {
+		t.Errorf("A: restapi TLS = certfile %v, cafile %v, verify_client %v; want the host's hapair files, optional",
+			restapi["certfile"], restapi["cafile"], restapi["verify_client"])
+	}
+	rp, _ := readYAML(t, c.path("A", "etc/hapair/roled.yaml"))["patroni"].(map[string]any)
+	if rp["url"] != "https://127.0.10.11:8008" || rp["tls"] == nil {
+		t.Errorf("A: roled patroni.url %v, tls %v; want https://127.0.10.11:8008 (the certificate's address) with the host's files", rp["url"], rp["tls"])
+	}
+	for _, b := range readYAML(t, c.path("lb1", "etc/hapair/lb.yaml"))["backends"].([]any) {
+		b := b.(map[string]any)
+		if k := b["kind"]; (k == "pg-primary" || k == "pg-replicas") && b["check"].(map[string]any)["tls"] == nil {
+			t.Errorf("lb1: backend %v checks Patroni without check.tls", b["name"])
+		}
 	}
 	// hapairctl's config: every data node with the REST credentials, the
 	// witness named, the balancer's admin JSON only where it listens.
@@ -577,9 +597,12 @@ func (c *converge) checkRendered(t *testing.T) {
 		p := c.path(host, "etc/hapair/ctl.yaml")
 		cy := readYAML(t, p)
 		nodes, _ := cy["nodes"].([]any)
-		if len(nodes) != 2 || nodes[0].(map[string]any)["patroni-url"] != "http://patroni:test-restapi@127.0.10.11:8008" ||
+		if len(nodes) != 2 || nodes[0].(map[string]any)["patroni-url"] != "https://patroni:test-restapi@127.0.10.11:8008" ||
 			nodes[1].(map[string]any)["roled-url"] != "http://127.0.10.12:7400" {
 			t.Errorf("%s: ctl.yaml nodes = %v", host, nodes)
+		}
+		if cy["patroni-tls"] == nil {
+			t.Errorf("%s: ctl.yaml has no patroni-tls: hapairctl switchover could not present a client certificate", host)
 		}
 		if got := cy["lb"].(map[string]any)["admin-url"]; got != admin {
 			t.Errorf("%s: ctl.yaml lb.admin-url = %v, want %q", host, got, admin)

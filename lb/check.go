@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -90,13 +91,15 @@ func (s *Server) checkOnce(ctx context.Context) checkResult {
 	cc := s.group.cfg.Check
 	ctx, cancel := context.WithTimeout(ctx, cc.Timeout)
 	defer cancel()
-	return httpCheck(ctx, s.cfg.CheckAddress, cc.Method, cc.Path, cc.MaxResponseBytes)
+	return httpCheck(ctx, s.cfg.CheckAddress, cc.Method, cc.Path, cc.MaxResponseBytes, cc.tlsClient)
 }
 
 // httpCheck sends one HTTP/1.0-compatible request on a fresh connection and
 // reads at most limit bytes of the answer. It copes with Patroni's bare
 // status line (HEAD/OPTIONS) and with HTTP/1.0 close-delimited answers.
-func httpCheck(ctx context.Context, addr, method, path string, limit int) checkResult {
+// With tc it speaks HTTPS; a handshake failure (wrong CA, name not in the
+// certificate) is a failed check.
+func httpCheck(ctx context.Context, addr, method, path string, limit int, tc *tls.Config) checkResult {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -107,6 +110,17 @@ func httpCheck(ctx context.Context, addr, method, path string, limit int) checkR
 		_ = c.SetDeadline(dl)
 	}
 	host, _, _ := net.SplitHostPort(addr)
+	if tc != nil {
+		if tc.ServerName == "" {
+			tc = tc.Clone()
+			tc.ServerName = host
+		}
+		tlsConn := tls.Client(c, tc)
+		if err := tlsConn.HandshakeContext(ctx); err != nil {
+			return checkResult{err: fmt.Errorf("tls: %w", unwrapOp(err))}
+		}
+		c = tlsConn
+	}
 	req := method + " " + path + " HTTP/1.1\r\nHost: " + host +
 		"\r\nUser-Agent: hapair-lb\r\nConnection: close\r\nAccept: */*\r\n\r\n"
 	if _, err := io.WriteString(c, req); err != nil {

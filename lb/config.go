@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"strconv"
@@ -119,6 +120,15 @@ type CheckConfig struct {
 	Rise             int           `yaml:"rise"`
 	ExpectStatus     int           `yaml:"expect-status"`
 	MaxResponseBytes int           `yaml:"max-response-bytes"`
+	// TLS: when any file is set, checks speak HTTPS: the server is verified
+	// against ca-file (its name or IP must be in the certificate: the check
+	// address's host, or server-name), and cert-file/key-file are offered
+	// as the client certificate. For Patroni's REST API served over TLS
+	// (restapi.certfile). Default: plain HTTP.
+	TLS config.TLS `yaml:"tls"`
+
+	// tlsClient is TLS's client side, loaded once by validate.
+	tlsClient *tls.Config
 }
 
 // ServerConfig is one backend server.
@@ -454,6 +464,17 @@ func (c *CheckConfig) validate(p string, kind Kind) error {
 	}
 	if c.MaxResponseBytes < 256 || c.MaxResponseBytes > 1<<20 {
 		return config.Errorf(p+".max-response-bytes", c.MaxResponseBytes, "must be between 256 and 1048576")
+	}
+	c.tlsClient = nil
+	if c.TLS.Enabled() {
+		if err := c.TLS.Validate(p + ".tls"); err != nil {
+			return err
+		}
+		tc, err := c.TLS.ClientConfig()
+		if err != nil {
+			return config.Errorf(p+".tls", c.TLS.CertFile, "%v", err)
+		}
+		c.tlsClient = tc
 	}
 	return nil
 }

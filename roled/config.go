@@ -90,6 +90,11 @@ type PatroniConfig struct {
 	FastPollInterval time.Duration `yaml:"fast-poll-interval"` // default 50ms
 	Timeout          time.Duration `yaml:"timeout"`            // per call (default 1s)
 	TTL              time.Duration `yaml:"ttl"`                // Patroni's ttl when /config is unreadable (default 10s)
+	// TLS is for an https url (Patroni's restapi.certfile): ca-file verifies
+	// Patroni (the url's host must be in its certificate, or set
+	// server-name), cert-file/key-file are offered as the client
+	// certificate. Empty with https: the system's CAs. Default: none.
+	TLS config.TLS `yaml:"tls"`
 }
 
 // PostgresConfig is the direct check of the local PostgreSQL.
@@ -359,8 +364,17 @@ func (c Config) validateTiming() error {
 
 func (c Config) validatePatroni() error {
 	p := c.Patroni
-	if u, err := url.Parse(p.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return config.Errorf("patroni.url", p.URL, "want http://host:port")
+	u, err := url.Parse(p.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return config.Errorf("patroni.url", p.URL, "want http://host:port or https://host:port")
+	}
+	if p.TLS.Enabled() {
+		if u.Scheme != "https" {
+			return config.Errorf("patroni.tls", p.TLS.CAFile, "needs an https patroni.url (%s)", p.URL)
+		}
+		if err := p.TLS.Validate("patroni.tls"); err != nil {
+			return err
+		}
 	}
 	if strings.Contains(p.Member, "/") {
 		return config.Errorf("patroni.member", p.Member, "must not contain '/'")

@@ -2,6 +2,7 @@ package roled
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -123,9 +124,17 @@ func New(cfg Config, lg *zap.Logger, m *Metrics) (*Daemon, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	var patroniTLS *tls.Config
+	if cfg.Patroni.TLS.Enabled() {
+		tc, err := cfg.Patroni.TLS.ClientConfig()
+		if err != nil {
+			return nil, config.Errorf("patroni.tls", cfg.Patroni.TLS.CertFile, "%v", err)
+		}
+		patroniTLS = tc
+	}
 	d := &Daemon{
 		cfg: cfg, lg: lg, m: m, start: time.Now(),
-		patroni: newPatroniClient(cfg.Patroni.URL, cfg.Patroni.Timeout),
+		patroni: newPatroniClient(cfg.Patroni.URL, cfg.Patroni.Timeout, patroniTLS),
 		wake:    make(chan struct{}, 1), pollNow: make(chan struct{}, 1),
 		readNow: make(chan struct{}, 1), beatNow: make(chan struct{}, 1),
 		reported: map[takeoverKey]bool{}, takeoverCache: map[takeoverKey]*TakeoverAlarm{},

@@ -2,6 +2,7 @@ package roled
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,11 +50,14 @@ type patroniClient struct {
 	hc      *http.Client
 }
 
-func newPatroniClient(base string, timeout time.Duration) *patroniClient {
+// tc is the TLS client side for an https base (nil: Go's defaults).
+func newPatroniClient(base string, timeout time.Duration, tc *tls.Config) *patroniClient {
 	tr := &http.Transport{
 		// Patroni answers HTTP/1.0 and closes; keep-alives would only add
 		// stale-connection errors.
 		DisableKeepAlives:      true,
+		TLSClientConfig:        tc,
+		TLSHandshakeTimeout:    timeout,
 		DialContext:            (&net.Dialer{Timeout: timeout}).DialContext,
 		ResponseHeaderTimeout:  timeout,
 		MaxResponseHeaderBytes: 16 << 10,

@@ -13,7 +13,7 @@ import (
 // bare status lines for HEAD) in each of its moods.
 func TestPatroniClient(t *testing.T) {
 	p := newFakePatroni(t, nil, "A", "hapair")
-	c := newPatroniClient(p.URL(), 300*time.Millisecond)
+	c := newPatroniClient(p.URL(), 300*time.Millisecond, nil)
 	ctx := context.Background()
 
 	code, st, err := c.Primary(ctx)
@@ -64,7 +64,7 @@ func TestParsePatroniStatus(t *testing.T) {
 			w.WriteHeader(tc.code)
 			_, _ = w.Write([]byte(tc.body))
 		}))
-		_, _, err := newPatroniClient(srv, time.Second).Primary(context.Background())
+		_, _, err := newPatroniClient(srv, time.Second, nil).Primary(context.Background())
 		if got := errors.Is(err, errGarbage); got != tc.garbage {
 			t.Errorf("%s: garbage %v (err %v), want %v", tc.name, got, err, tc.garbage)
 		}

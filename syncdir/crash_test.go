@@ -92,7 +92,7 @@ func (c *crashChild) start(env ...string) {
 	c.t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$")
 	cmd.Env = append(os.Environ(), crashHelperEnv+"=1", crashHelperEnv+"_STATE="+c.state, crashHelperEnv+"_ROOT="+c.root,
-		crashHelperEnv+"_CERT="+c.p.cert, crashHelperEnv+"_KEY="+c.p.key, crashHelperEnv+"_CA="+c.p.ca)
+		crashHelperEnv+"_CERT="+c.p.Cert, crashHelperEnv+"_KEY="+c.p.Key, crashHelperEnv+"_CA="+c.p.CA)
 	for _, e := range env {
 		cmd.Env = append(cmd.Env, crashHelperEnv+"_"+e)
 	}

@@ -2,19 +2,12 @@ package syncdir
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/sha256"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hapair/hapair/internal/config"
+	"github.com/hapair/hapair/internal/testpki"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 )
@@ -56,74 +49,9 @@ func (f *fakeFence) set(active bool, epoch int64) {
 }
 
 // pki is a throwaway CA with one certificate for both nodes.
-type pki struct {
-	dir              string
-	ca, cert, key    string
-	caCert           *x509.Certificate
-	caKey            *ecdsa.PrivateKey
-	otherCert, other string // signed by another CA
-}
+type pki = testpki.PKI
 
-func newPKI(t testing.TB) *pki {
-	t.Helper()
-	p := &pki{dir: t.TempDir()}
-	p.caCert, p.caKey = makeCA(t, "hapair-test-ca")
-	p.ca = p.writePEM(t, "ca.pem", "CERTIFICATE", p.caCert.Raw)
-	p.cert, p.key = p.issue(t, "node", p.caCert, p.caKey)
-	rc, rk := makeCA(t, "rogue-ca")
-	p.otherCert, p.other = p.issue(t, "rogue", rc, rk)
-	return p
-}
-
-func makeCA(t testing.TB, cn string) (*x509.Certificate, *ecdsa.PrivateKey) {
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	return c, k
-}
-
-func (p *pki) issue(t testing.TB, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey) (string, string) {
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tpl, ca, &k.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(k)
-	return p.writePEM(t, name+".pem", "CERTIFICATE", der), p.writePEM(t, name+"-key.pem", "EC PRIVATE KEY", kb)
-}
-
-func (p *pki) writePEM(t testing.TB, name, typ string, der []byte) string {
-	f := filepath.Join(p.dir, name)
-	if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-func (p *pki) tls() config.TLS {
-	return config.TLS{CertFile: p.cert, KeyFile: p.key, CAFile: p.ca}
-}
+func newPKI(t testing.TB) *pki { return testpki.New(t) }
 
 // node is one Syncer with its root, state, listener and fence.
 type node struct {
@@ -156,7 +84,7 @@ func testConfig(p *pki, name, root, state, peer string, opts ...pairOpt) Config 
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Peer = peer
 	cfg.StateDir = state
-	cfg.TLS = p.tls()
+	cfg.TLS = p.TLS()
 	cfg.RetryMin = 20 * time.Millisecond
 	cfg.RetryMax = 300 * time.Millisecond
 	cfg.Roots = []Root{{Name: "data", Path: root}}

@@ -30,12 +30,12 @@ type hostileClient struct {
 }
 
 func newHostileClient(t *testing.T, p *pki, addr string) *hostileClient {
-	cert, err := tls.LoadX509KeyPair(p.cert, p.key)
+	cert, err := tls.LoadX509KeyPair(p.Cert, p.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(p.caCert)
+	pool.AddCert(p.CACert)
 	tc := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, ServerName: "127.0.0.1"}
 	tr := &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}
 	t.Cleanup(tr.CloseIdleConnections)
@@ -167,7 +167,7 @@ func TestHostileInput(t *testing.T) {
 	}
 
 	// No client certificate, or one from another CA: the handshake fails.
-	for name, certs := range map[string][]tls.Certificate{"none": nil, "rogue": {mustPair(t, p.otherCert, p.other)}} {
+	for name, certs := range map[string][]tls.Certificate{"none": nil, "rogue": {mustPair(t, p.OtherCert, p.OtherKey)}} {
 		tc := h.tls.Clone()
 		tc.Certificates = certs
 		c := &http.Client{Transport: &http.Transport{TLSClientConfig: tc, ForceAttemptHTTP2: true}, Timeout: 5 * time.Second}

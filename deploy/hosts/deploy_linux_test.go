@@ -72,6 +72,9 @@ hapair_common_cluster: hapair
 hapair_common_manage_services: true
 hapair_common_manage_users: true
 hapair_common_manage_packages: true
+# The test application answers GET /check?id=N: hapairctl drill proves that
+# no acknowledged write was lost.
+hapair_ctl_lb_check_path: /check
 `,
 		"group_vars/data.yml": `---
 hapair_patroni_superuser_password: ` + superPassword + `
@@ -623,31 +626,51 @@ func writeAndSync(t *testing.T, ctx context.Context, c *Cluster, active, passive
 }
 
 // postSwitchover is run on a host: POST /switchover to a Patroni REST API
-// without credentials; prints the HTTP status.
-const postSwitchover = `import sys, urllib.request as u, urllib.error as e
-req = u.Request(sys.argv[1] + "/switchover", data=b'{"leader": "x", "candidate": "y"}', method="POST")
+// over HTTPS (verified against the cluster's CA), with Basic credentials
+// (argv[3], "-" for none) and a client certificate (argv[4] and argv[5],
+// "-" for none); prints the HTTP status.
+const postSwitchover = `import base64, ssl, sys, urllib.request as u, urllib.error as e
+url, ca, auth, cert, key = sys.argv[1:6]
+ctx = ssl.create_default_context(cafile=ca)
+if cert != "-":
+    ctx.load_cert_chain(cert, key)
+req = u.Request(url + "/switchover", data=b'{"leader": "x", "candidate": "y"}', method="POST")
+if auth != "-":
+    req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
 try:
-    print(u.urlopen(req, timeout=10).status)
+    print(u.urlopen(req, timeout=10, context=ctx).status)
 except e.HTTPError as x:
     print(x.code)
 `
 
-// checkPatroniAuth: from the balancer and the controller, an
-// unauthenticated POST /switchover to either data node's Patroni is
-// refused (401), while the GETs roled, the balancer and hapairctl use
-// still answer (the cluster stays healthy: checked after).
+// checkPatroniAuth: from the balancer and the controller, POST /switchover
+// to either data node's Patroni (HTTPS, verify_client optional) is refused
+// unless it carries both the password and a certificate the cluster's CA
+// signed: 403 without the certificate (with or without the password), 401
+// with the certificate but no password. The GETs roled, the balancer and
+// hapairctl use still answer (the cluster stays healthy: checked after).
 func checkPatroniAuth(t *testing.T, ctx context.Context, c *Cluster) {
+	const tlsDir = "/etc/hapair/tls/"
 	for _, from := range []string{lbHost, controller} {
 		h := c.Hosts[from]
 		if err := h.WriteFile("/root/post-switchover.py", []byte(postSwitchover), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		for _, n := range dataNodes {
-			out, err := h.Exec(ctx, "python3", "/root/post-switchover.py", "http://"+addrs[n]+":8008")
-			code := strings.TrimSpace(out)
-			t.Logf("from %s: unauthenticated POST http://%s:8008/switchover -> %s", from, addrs[n], code)
-			if err != nil || code != "401" {
-				t.Errorf("from %s: unauthenticated POST /switchover to %s answered %q (%v), want 401", from, n, code, err)
+			url := "https://" + addrs[n] + ":8008"
+			for _, tc := range []struct {
+				what, auth, cert, key, want string
+			}{
+				{"no password, no certificate", "-", "-", "-", "403"},
+				{"the password, no certificate", "patroni:deploy-restapi", "-", "-", "403"},
+				{"a certificate, no password", "-", tlsDir + "node.pem", tlsDir + "node-key.pem", "401"},
+			} {
+				out, err := h.Exec(ctx, "python3", "/root/post-switchover.py", url, tlsDir+"ca.pem", tc.auth, tc.cert, tc.key)
+				code := strings.TrimSpace(out)
+				t.Logf("from %s: POST %s/switchover with %s -> %s", from, url, tc.what, code)
+				if err != nil || code != tc.want {
+					t.Errorf("from %s: POST /switchover to %s with %s answered %q (%v), want %s", from, n, tc.what, code, err, tc.want)
+				}
 			}
 		}
 	}

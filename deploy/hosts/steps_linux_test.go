@@ -281,8 +281,10 @@ func stepRestartRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, 
 	}
 }
 
-// stepFreezeRoled: SIGSTOP to every process of hapair-roled on the ACTIVE
-// node. Nothing in roled runs any more; the unit's watchdog must notice
+// stepFreezeRoled: SIGSTOP to hapair-roled's main process on the ACTIVE
+// node (roled is one process; systemctl's default, the whole cgroup, fails
+// inside a container with "Failed to send signal SIGSTOP to auxiliary
+// processes: Input/output error"). Nothing in roled runs any more; the unit's watchdog must notice
 // (WatchdogSec) and restart it, with nobody's help.
 func stepFreezeRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *roleWatch, fig *figures) {
 	// Each step starts from a healthy cluster (and says so if the one
@@ -298,7 +300,7 @@ func stepFreezeRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, r
 	n0 := restarts()
 	v0, m0 := rw.mark()
 	t0 := time.Now()
-	if _, err := h.Exec(ctx, "systemctl", "kill", "-s", "SIGSTOP", "hapair-roled"); err != nil {
+	if _, err := h.Exec(ctx, "systemctl", "kill", "--kill-whom=main", "-s", "SIGSTOP", "hapair-roled"); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(2 * time.Minute)
