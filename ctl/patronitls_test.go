@@ -2,11 +2,7 @@ package ctl
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"io"
-	"log"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -22,37 +18,21 @@ import (
 // without a certificate is refused.
 func TestPatroniTLS(t *testing.T) {
 	p := testpki.New(t)
-	pool := x509.NewCertPool()
-	pool.AddCert(p.CACert)
-	cert, err := tls.LoadX509KeyPair(p.Cert, p.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method != http.MethodGet && len(r.TLS.PeerCertificates) == 0 {
-				http.Error(w, "client certificate required", http.StatusForbidden)
-				return
-			}
-			switch r.URL.Path {
-			case "/cluster":
-				_, _ = io.WriteString(w, `{"members":[{"name":"a","role":"leader","state":"running","timeline":1}]}`)
-			case "/switchover":
-				_, _ = io.WriteString(w, "Successfully switched over")
-			default:
-				http.NotFound(w, r)
-			}
-		}),
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven},
-		ErrorLog:  log.New(io.Discard, "", 0),
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
-	url := "https://" + ln.Addr().String()
+	srv := p.Serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && len(r.TLS.PeerCertificates) == 0 {
+			http.Error(w, "client certificate required", http.StatusForbidden)
+			return
+		}
+		switch r.URL.Path {
+		case "/cluster":
+			_, _ = io.WriteString(w, `{"members":[{"name":"a","role":"leader","state":"running","timeline":1}]}`)
+		case "/switchover":
+			_, _ = io.WriteString(w, "Successfully switched over")
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	url := srv.URL
 
 	client := func(tc config.TLS) *Client {
 		cfg := DefaultConfig()

@@ -2,14 +2,8 @@ package lb
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"io"
-	"log"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,28 +17,13 @@ import (
 // and a server the CA did not sign, or a plain check against TLS, fails.
 func TestCheckOverTLS(t *testing.T) {
 	p := testpki.New(t)
-	pool := x509.NewCertPool()
-	pool.AddCert(p.CACert)
-	var withCert atomic.Int32
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-			withCert.Add(1)
-		}
+	srv := p.Serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/primary" {
 			http.NotFound(w, r)
 			return
 		}
 		_, _ = w.Write([]byte(`{"role":"primary"}`))
 	}))
-	cert, err := tls.LoadX509KeyPair(p.Cert, p.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Patroni's verify_client: optional.
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes below
-	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven}
-	srv.StartTLS()
-	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "https://")
 
 	check := func(c CheckConfig) checkResult {
@@ -60,8 +39,8 @@ func TestCheckOverTLS(t *testing.T) {
 	if r.err != nil || r.status != 200 {
 		t.Fatalf("TLS check: %+v, want 200", r)
 	}
-	if withCert.Load() != 1 {
-		t.Errorf("client certificate presented %d times, want 1", withCert.Load())
+	if srv.ClientCerts() != 1 {
+		t.Errorf("client certificate presented %d times, want 1", srv.ClientCerts())
 	}
 
 	if r := check(CheckConfig{TLS: config.TLS{CAFile: p.OtherCert}}); r.err == nil || !strings.Contains(r.err.Error(), "tls:") {

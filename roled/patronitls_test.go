@@ -2,11 +2,8 @@ package roled
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"io"
-	"log"
 	"net/http"
 	"strings"
 	"testing"
@@ -22,28 +19,10 @@ import (
 // sign is an error, never an answer.
 func TestPatroniOverTLS(t *testing.T) {
 	p := testpki.New(t)
-	pool := x509.NewCertPool()
-	pool.AddCert(p.CACert)
-	cert, err := tls.LoadX509KeyPair(p.Cert, p.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientCerts := 0
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if len(r.TLS.PeerCertificates) > 0 {
-				clientCerts++
-			}
-			w.WriteHeader(http.StatusOK)
-			_, _ = io.WriteString(w, `{"state":"running","role":"master","timeline":2}`)
-		}),
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven},
-		ErrorLog:  log.New(io.Discard, "", 0), // the refused handshake below
-	}
-	ln := listenLocal(t)
-	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
-	url := "https://" + ln.Addr().String()
+	srv := p.Serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"state":"running","role":"master","timeline":2}`)
+	}))
+	url := srv.URL
 
 	client := func(tc config.TLS) *patroniClient {
 		c, err := tc.ClientConfig()
@@ -56,8 +35,8 @@ func TestPatroniOverTLS(t *testing.T) {
 	if err != nil || code != 200 || st.Role != "master" || st.Timeline != 2 {
 		t.Fatalf("over TLS: %d %+v %v", code, st, err)
 	}
-	if clientCerts != 1 {
-		t.Errorf("client certificate offered %d times, want 1", clientCerts)
+	if srv.ClientCerts() != 1 {
+		t.Errorf("client certificate offered %d times, want 1", srv.ClientCerts())
 	}
 	if _, _, err := client(config.TLS{CAFile: p.OtherCert}).Primary(context.Background()); err == nil ||
 		!strings.Contains(err.Error(), "certificate") {

@@ -8,13 +8,18 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
+	"log"
 	"math/big"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,4 +96,46 @@ func (p *PKI) writePEM(t testing.TB, name, typ string, der []byte) string {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// Server is an HTTPS test server of Serve.
+type Server struct {
+	URL         string // "https://127.0.0.1:port"
+	clientCerts atomic.Int32
+}
+
+// ClientCerts is how many requests came with a client certificate.
+func (s *Server) ClientCerts() int { return int(s.clientCerts.Load()) }
+
+// Serve starts an HTTPS server on 127.0.0.1 with the node certificate that
+// asks for a client certificate of the CA without requiring one, as
+// Patroni's REST API does with restapi verify_client: optional. The server
+// stops at cleanup. Refused handshakes are not logged (tests provoke them).
+func (p *PKI) Serve(t testing.TB, h http.Handler) *Server {
+	t.Helper()
+	cert, err := tls.LoadX509KeyPair(p.Cert, p.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(p.CACert)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{URL: "https://" + ln.Addr().String()}
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if len(r.TLS.PeerCertificates) > 0 {
+				s.clientCerts.Add(1)
+			}
+			h.ServeHTTP(w, r)
+		}),
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.VerifyClientCertIfGiven},
+		ErrorLog:  log.New(io.Discard, "", 0),
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = srv.Close(); <-done })
+	return s
 }
