@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -568,26 +569,7 @@ func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
 	}
 	pr, t0, _ := partitionRun(ctx, l, r, 40*time.Second)
 	reportPartition(l, r, pr, t0)
-	if err := l.WaitSettled(ctx, NodeB, 90*time.Second); err != nil {
-		r.fail("after heal: %v", err)
-	}
-	t1 := time.Now()
-	a, err := l.AuditSettled(ctx, NodeB, pr.probe.Samples(), 30*time.Second)
-	if err != nil {
-		r.fail("audit: %v", err)
-		return
-	}
-	r.note("after heal (+%.1fs): %s", time.Since(t1).Seconds(), a)
-	r.fig("partition: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
-	syncLoses(l, r, "partition", len(a.LostRows))
-	aPassive, _ := pr.ha.First(NodeA, "passive", t0)
-	reportLocalWriter(ctx, l, r, "partition", NodeA, NodeB, t0, aPassive, activeAgain(pr, NodeA, aPassive, t1))
-	if len(a.Overwritten) > 0 {
-		r.fail("%d files overwritten by the stale node", len(a.Overwritten))
-	}
-	if len(a.LostFiles) > 0 {
-		r.fail("%d acknowledged files neither on %s nor in a quarantine: %v", len(a.LostFiles), NodeB, a.LostFiles)
-	}
+	partitionAudit(ctx, l, r, pr, t0)
 }
 
 // syncLoses fails a scenario on a synchronous lab that lost acknowledged
@@ -706,7 +688,7 @@ func PartitionDefaultHosts(ctx context.Context, l *Lab, r *Result) {
 		case auto:
 			r.note("hapair: takeover alarm raised and acknowledged by roled itself (no other node ACTIVE since nodea was)")
 		default:
-			r.note("hapair: takeover alarm raised (%d key(s)); operator path: check data, then `hapairctl ack`", len(st.Alarms))
+			r.note("hapair: takeover alarm raised (%d key(s)); held for a person (README: keep the other node's data, or `hapairctl ack` to keep the taker's)", len(st.Alarms))
 		}
 		for _, n := range st.Roled {
 			if n.Node == NodeA && n.Role == "active" && held {
@@ -718,7 +700,42 @@ func PartitionDefaultHosts(ctx context.Context, l *Lab, r *Result) {
 	}
 	if held, _ := alarmState(st.Alarms); held {
 		rewindHeld(l, r, NodeB, bLog)
-		ackAndSettle(ctx, l, r)
+		// nodeb was ACTIVE after nodea and nodea (PASSIVE and fenced since
+		// about a second after the cut) lacks its writes: keep nodeb's
+		// data, the README's operator path (an ack would keep nodea's).
+		keepOtherAndSettle(ctx, l, r, NodeA, NodeB)
+	}
+	partitionAudit(ctx, l, r, pr, t0)
+}
+
+// partitionAudit counts what a partition of nodea lost once the pair has
+// settled, on whichever node leads then: acknowledged balancer rows missing
+// there, and the local writer's rows on nodea.
+func partitionAudit(ctx context.Context, l *Lab, r *Result, pr *probeRun, t0 time.Time) {
+	leader, err := l.Ctl().Leader(ctx)
+	if err != nil {
+		r.fail("partition: no leader for the audit: %v", err)
+		return
+	}
+	if err := l.WaitSettled(ctx, leader, 90*time.Second); err != nil {
+		r.fail("after heal: %v", err)
+	}
+	t1 := time.Now()
+	a, err := l.AuditSettled(ctx, leader, pr.probe.Samples(), 30*time.Second)
+	if err != nil {
+		r.fail("audit: %v", err)
+		return
+	}
+	r.note("after heal, audit on %s (+%.1fs): %s", leader, time.Since(t1).Seconds(), a)
+	r.fig("partition: acknowledged rows lost (lb)", float64(len(a.LostRows)), "")
+	syncLoses(l, r, "partition", len(a.LostRows))
+	aPassive, _ := pr.ha.First(NodeA, "passive", t0)
+	reportLocalWriter(ctx, l, r, "partition", NodeA, leader, t0, aPassive, activeAgain(pr, NodeA, aPassive, t1))
+	if len(a.Overwritten) > 0 {
+		r.fail("%d files overwritten by the stale node", len(a.Overwritten))
+	}
+	if len(a.LostFiles) > 0 {
+		r.fail("%d acknowledged files neither on %s nor in a quarantine: %v", len(a.LostFiles), leader, a.LostFiles)
 	}
 }
 
@@ -889,11 +906,29 @@ func (l *Lab) KeepOther(ctx context.Context, taker, other string) (active, settl
 	if err := l.removeStalePostmaster(taker); err != nil {
 		return active, 0, err
 	}
+	off := l.logSize(taker, ProcPatroni)
 	if err := l.startPatroni(taker); err != nil {
 		return active, 0, fmt.Errorf("start Patroni on %s: %w", taker, err)
 	}
-	if err := l.WaitSettled(ctx, other, 90*time.Second); err != nil {
-		return active, 0, err
+	if err := l.WaitSettled(ctx, other, 45*time.Second); err != nil {
+		// other's promotion during the fault and its promotion now can fall
+		// in one WAL segment; PostgreSQL then keeps the middle timeline's
+		// piece of it only as <segment>.partial, so the taker's pg_rewind
+		// succeeds but its replay stops at once ("according to history
+		// file, WAL location … belongs to timeline N, but previous
+		// recovered WAL file came from timeline N+1") and Patroni retries
+		// for ever (seen in scenario 6). The remedy (README): reinitialize
+		// the taker from the other node.
+		if !strings.Contains(l.logFrom(taker, ProcPatroni, off), "according to history file") {
+			return active, 0, err
+		}
+		l.logf("%s cannot replay after its rewind (two timeline switches in one WAL segment): reinitializing it from %s", taker, other)
+		if err := l.reinitialize(taker); err != nil {
+			return active, 0, err
+		}
+		if err := l.WaitSettled(ctx, other, 120*time.Second); err != nil {
+			return active, 0, fmt.Errorf("after reinitializing %s: %w", taker, err)
+		}
 	}
 	if held, _ := alarmState(l.Ctl().Status(ctx).Alarms); held {
 		return active, 0, fmt.Errorf("the takeover alarm is still held after %s took the leader key anew", other)
@@ -901,20 +936,24 @@ func (l *Lab) KeepOther(ctx context.Context, taker, other string) (active, settl
 	return active, time.Since(t), nil
 }
 
-// ackAndSettle is the operator path after a takeover alarm: hapairctl ack,
-// then one node must become ACTIVE again.
-func ackAndSettle(ctx context.Context, l *Lab, r *Result) {
-	t := time.Now()
-	out, err := l.Ack(ctx)
-	r.note("hapairctl ack: err=%v %s", err, out)
-	ok := poll(ctx, 30*time.Second, 100*time.Millisecond, func() bool {
-		return l.settledProblem(NodeA) == "" || l.settledProblem(NodeB) == ""
-	})
-	if !ok {
-		r.fail("no node ACTIVE within 30s of hapairctl ack")
-		return
+// reinitialize asks host's Patroni to rebuild its data directory from the
+// leader (POST /reinitialize, as patronictl reinit does).
+func (l *Lab) reinitialize(host string) error {
+	req, err := http.NewRequest(http.MethodPost, "http://"+IP(host)+":8008/reinitialize", strings.NewReader(`{"force": true}`))
+	if err != nil {
+		return err
 	}
-	r.secs("ACTIVE again after hapairctl ack", time.Since(t))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := l.HTTPClient(Client, 10*time.Second).Do(req)
+	if err != nil {
+		return fmt.Errorf("reinitialize %s: %w", host, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("reinitialize %s: %d %s", host, resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	return nil
 }
 
 func countNode(ss []ctl.Sample, node string, from, to time.Time) int {
