@@ -467,7 +467,7 @@ var expected = map[string][]string{
 	},
 	"lb1": {
 		"usr/local/bin/hapair-lb", "etc/hapair/lb.yaml", "etc/hapair/tls/node.pem",
-		"etc/systemd/system/hapair-lb.service",
+		"etc/systemd/system/hapair-lb.service", "etc/systemd/system/hapair-lb-web.socket",
 		"usr/local/bin/hapairctl", "etc/hapair/ctl.yaml",
 	},
 }
@@ -674,9 +674,23 @@ func (c *converge) verifyUnits(t *testing.T) {
 		t.Fatalf("found %d units, want 6 (hapair-witness on A, B, witness; hapair-roled on A, B; hapair-lb on lb1): %v", len(units), units)
 	}
 	for _, u := range units {
-		out, err := run(t, c.tmp, []string{"SYSTEMD_LOG_COLOR=0"}, time.Minute, sa, "verify", u)
+		// With the socket units beside it (hapair-lb's listeners): the
+		// service requires them.
+		sockets, _ := filepath.Glob(filepath.Join(filepath.Dir(u), "*.socket"))
+		out, err := run(t, c.tmp, []string{"SYSTEMD_LOG_COLOR=0"}, time.Minute, sa, append([]string{"verify", u}, sockets...)...)
 		if err != nil || strings.TrimSpace(out) != "" {
-			t.Errorf("systemd-analyze verify %s: %v\n%s", u, err, out)
+			t.Errorf("systemd-analyze verify %s %v: %v\n%s", u, sockets, err, out)
+		}
+	}
+	// hapair-lb's listeners are socket-activated (hapair_lb_socket_activation).
+	unit, _ := os.ReadFile(c.path("lb1", "etc/systemd/system/hapair-lb.service"))
+	for _, name := range []string{"web", "pg-rw", "pg-ro"} {
+		sock, err := os.ReadFile(c.path("lb1", "etc/systemd/system/hapair-lb-"+name+".socket"))
+		if err != nil || !strings.Contains(string(sock), "FileDescriptorName="+name+"\n") || !strings.Contains(string(sock), "Service=hapair-lb.service") {
+			t.Errorf("lb1: hapair-lb-%s.socket: %v\n%s", name, err, sock)
+		}
+		if !strings.Contains(string(unit), "hapair-lb-"+name+".socket") {
+			t.Errorf("lb1: hapair-lb.service does not name hapair-lb-%s.socket:\n%s", name, unit)
 		}
 	}
 }

@@ -568,9 +568,12 @@ func (l *LB) swapRoute(ln *listener, old, lc ListenerConfig, groups map[string]*
 
 // openListener binds one listener and starts serving it.
 func (l *LB) openListener(lc ListenerConfig, g *Group) (*listener, error) {
-	nl, err := net.Listen("tcp", lc.Listen)
+	nl, fromSystemd, err := listen(lc)
 	if err != nil {
 		return nil, fmt.Errorf("listener %s: %w", lc.Name, err)
+	}
+	if fromSystemd {
+		l.lg.Info("listener socket from systemd (socket activation)", zap.String("listener", lc.Name), zap.String("addr", nl.Addr().String()))
 	}
 	ln := &listener{lc: lc, ln: nl, done: make(chan struct{})}
 	rt := &route{g: g, lc: lc}
