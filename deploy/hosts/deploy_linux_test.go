@@ -369,6 +369,7 @@ func TestDeploySystemd(t *testing.T) {
 	})
 
 	t.Run("rolling-upgrade", func(t *testing.T) { stepRollingUpgrade(t, ctx, c, root, w, rw, fig) })
+	t.Run("lb-restart", func(t *testing.T) { stepRestartLB(t, ctx, c, fig) })
 	t.Run("roled-restart-on-active", func(t *testing.T) { stepRestartRoled(t, ctx, c, w, rw, fig) })
 	t.Run("roled-sigstop-on-active", func(t *testing.T) { stepFreezeRoled(t, ctx, c, w, rw, fig) })
 	t.Run("reboot-passive", func(t *testing.T) { stepReboot(t, ctx, c, w, rw, fig, "passive") })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -278,6 +279,82 @@ func stepRestartRoled(t *testing.T, ctx context.Context, c *Cluster, w *writer, 
 	checkRoles(t, rw, v0, m0, 0)
 	if st.Redundancy.Active != active {
 		t.Errorf("ACTIVE moved from %s to %s on a roled restart", active, st.Redundancy.Active)
+	}
+}
+
+// stepRestartLB: `systemctl restart hapair-lb` on the balancer while a
+// request goes out every 10 ms, each on a new connection. The listeners are
+// socket-activated (systemd holds the sockets; hapair-lb says it took them
+// over), so no connection may be refused: the requests that came while no
+// process ran waited in the backlog. The slowest is the restart's cost.
+func stepRestartLB(t *testing.T, ctx context.Context, c *Cluster, fig *figures) {
+	waitHealthy(t, ctx, c)
+	h := c.Hosts[lbHost]
+	cl := client(c)
+	pctx, stop := context.WithCancel(ctx)
+	type result struct {
+		took time.Duration
+		err  error
+	}
+	results := make(chan result, 4096)
+	var wg sync.WaitGroup
+	go func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-tick.C:
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t0 := time.Now()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addrs[lbHost]+"/health", nil)
+				resp, err := cl.Do(req)
+				if err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("status %s", resp.Status)
+					}
+				}
+				results <- result{time.Since(t0), err}
+			}()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // requests before the restart, as users
+	t0 := time.Now()
+	if out, err := h.Exec(ctx, "systemctl", "restart", "hapair-lb"); err != nil {
+		t.Fatalf("systemctl restart hapair-lb: %v\n%s", err, out)
+	}
+	fig.add("lb restart: systemctl returned", time.Since(t0))
+	time.Sleep(time.Second) // and after it
+	stop()
+	wg.Wait()
+	close(results)
+	var n, failed int
+	var slowest time.Duration
+	var errs []string
+	for r := range results {
+		n++
+		slowest = max(slowest, r.took)
+		if r.err != nil {
+			failed++
+			if len(errs) < 5 {
+				errs = append(errs, r.err.Error())
+			}
+		}
+	}
+	fig.note("lb restart: requests failed (every 10 ms)", fmt.Sprintf("%d of %d", failed, n))
+	fig.add("lb restart: slowest request", slowest)
+	if failed > 0 {
+		t.Errorf("%d of %d requests failed across a restart of the socket-activated balancer: %v", failed, n, errs)
+	}
+	journal, _ := h.Exec(ctx, "journalctl", "--no-pager", "-u", "hapair-lb", "--since", "-1min")
+	if !strings.Contains(journal, "listener socket from systemd") {
+		t.Errorf("hapair-lb did not say it took its listeners from systemd:\n%s", tail(journal, 30))
 	}
 }
 
