@@ -3,6 +3,7 @@ package lb
 import (
 	"fmt"
 	"net"
+	"sort"
 	"sync"
 
 	"github.com/coreos/go-systemd/v22/activation"
@@ -87,4 +88,17 @@ func sameAddr(bound net.Addr, want string) bool {
 		return ta.IP.IsUnspecified()
 	}
 	return w.IP.Equal(ta.IP)
+}
+
+// unclaimedInherited names the sockets systemd passed that no listener has
+// taken: connections to them would wait unanswered in the backlog.
+func unclaimedInherited() []string {
+	inherited.mu.Lock()
+	defer inherited.mu.Unlock()
+	var names []string
+	for n, l := range inherited.byName {
+		names = append(names, n+" ("+l.Addr().String()+")")
+	}
+	sort.Strings(names)
+	return names
 }

@@ -149,6 +149,10 @@ func (l *LB) Run(ctx context.Context) error {
 		}
 		l.listeners[lc.Name] = ln
 	}
+	if left := unclaimedInherited(); len(left) > 0 {
+		l.lg.Warn("systemd passed sockets no listener takes: connections to them wait unanswered (remove their socket units or add the listeners)",
+			zap.Strings("sockets", left))
+	}
 	l.startGeneration(ctx, l.groups)
 	cfg := l.cfg
 	l.mu.Unlock()
