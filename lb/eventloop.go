@@ -70,8 +70,12 @@ func loopEvent(s *sockIO) {
 // enterLoop takes over the idle connection hc, whose goroutine has ended.
 func (hc *h1Conn) enterLoop() {
 	s := hc.sock
-	if hc.state.Load() != connIdle || hc.srv.shutting.Load() {
+	if st := hc.state.Load(); st == connClosed || hc.used && hc.srv.shutting.Load() {
 		hc.srv.finish(hc)
+		return
+	}
+	if hc.srv.shutting.Load() {
+		go hc.srv.serveConn(hc, nil) // a new connection's request is served
 		return
 	}
 	s.owner, s.nb, hc.lstate = hc, true, loopIdle
@@ -148,7 +152,7 @@ func (hc *h1Conn) loopRequest() {
 			return
 		}
 	}
-	if !hc.state.CompareAndSwap(connIdle, connActive) {
+	if !hc.activate() {
 		hc.loopFinish() // shutdown closed it first
 		return
 	}

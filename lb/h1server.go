@@ -39,9 +39,21 @@ type h1Server struct {
 // Connection states for graceful shutdown.
 const (
 	connActive int32 = iota
-	connIdle
+	connIdle         // between requests: shutdown closes it
 	connClosed
+	// connNew: accepted, no request read yet. Shutdown does not close it
+	// at once: its client has sent (or is about to send) a request on a
+	// connection it never used, and would get an EOF it cannot retry.
+	// Closing the listener and serving what was accepted is what makes a
+	// restart under socket activation lose nothing. Like net/http's
+	// StateNew, it is closed if it sends nothing within newConnGrace.
+	connNew
 )
+
+// newConnGrace: how long shutdown waits for the first request of a
+// connection accepted before it (net/http's rule for StateNew); a
+// variable for the test.
+var newConnGrace = 5 * time.Second
 
 // h1Conn is one client connection with its reusable buffers.
 type h1Conn struct {
@@ -51,6 +63,8 @@ type h1Conn struct {
 	br    *bufio.Reader
 	bw    *wbuf
 	state atomic.Int32
+	born  time.Time // accepted (shutdown's newConnGrace)
+	used  bool      // a request was read: waits between requests are connIdle
 	ip    string
 	req   head
 	resp  head
@@ -107,7 +121,8 @@ func acceptLoop(ln net.Listener, accepted func(net.Conn)) error {
 }
 
 // shutdown closes idle connections at once, lets active ones finish their
-// request, and force-closes what is left when ctx ends.
+// request, serves the first request of connections accepted but not yet
+// used (connNew), and force-closes what is left when ctx ends.
 func (s *h1Server) shutdown(ctx context.Context) {
 	s.shutting.Store(true)
 	done := make(chan struct{})
@@ -115,9 +130,11 @@ func (s *h1Server) shutdown(ctx context.Context) {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
+		now := time.Now()
 		s.mu.Lock()
 		for hc := range s.conns {
-			if hc.state.CompareAndSwap(connIdle, connClosed) {
+			if hc.state.CompareAndSwap(connIdle, connClosed) ||
+				now.Sub(hc.born) >= newConnGrace && hc.state.CompareAndSwap(connNew, connClosed) {
 				_ = hc.sock.close()
 			}
 		}
@@ -194,9 +211,9 @@ func (s *h1Server) toLoop(hc *h1Conn) bool {
 		return false
 	}
 	lc := s.route.Load().lc
-	hc.state.Store(connIdle)
+	hc.state.Store(hc.waitState())
 	if s.shutting.Load() {
-		return false
+		return false // waitRequest serves a new connection's request
 	}
 	hc.sock.arm(lc.IdleTimeout)
 	if lc.WriteTimeout > 0 {
@@ -238,15 +255,32 @@ func (s *h1Server) waitRequest(hc *h1Conn) bool {
 	if hc.br.Buffered() > 0 {
 		return true // pipelined
 	}
-	hc.state.Store(connIdle)
-	if s.shutting.Load() {
+	hc.state.Store(hc.waitState())
+	if s.shutting.Load() && hc.used {
 		return false
 	}
 	hc.sock.arm(s.route.Load().lc.IdleTimeout)
 	if _, err := hc.br.Peek(1); err != nil {
 		return false
 	}
-	return hc.state.CompareAndSwap(connIdle, connActive)
+	return hc.activate()
+}
+
+// waitState is the state of hc while it waits for a request.
+func (hc *h1Conn) waitState() int32 {
+	if hc.used {
+		return connIdle
+	}
+	return connNew
+}
+
+// activate marks hc busy with a request; false: shutdown closed it first.
+func (hc *h1Conn) activate() bool {
+	if !hc.state.CompareAndSwap(connIdle, connActive) && !hc.state.CompareAndSwap(connNew, connActive) {
+		return false
+	}
+	hc.used = true
+	return true
 }
 
 // serveOne reads, forwards and answers one request; it reports whether the

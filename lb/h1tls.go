@@ -70,11 +70,11 @@ func (t *tlsSock) CloseWrite() error {
 // whose handshake runs later on the connection's goroutine (handshake).
 func (s *h1Server) newConn(c net.Conn) *h1Conn {
 	if s.tlsc == nil {
-		return &h1Conn{c: c, sock: newSockIO(c, s.poll.pick()), srv: s}
+		return &h1Conn{c: c, sock: newSockIO(c, s.poll.pick()), srv: s, born: time.Now()}
 	}
 	tcp := newSockIO(c, s.poll.pick())
 	tc := tls.Server(&tlsSock{s: tcp}, s.tlsc)
-	return &h1Conn{c: tc, sock: newSockIO(tc, nil), tcp: tcp, srv: s}
+	return &h1Conn{c: tc, sock: newSockIO(tc, nil), tcp: tcp, srv: s, born: time.Now()}
 }
 
 // handshake runs hc's TLS handshake, bounded by the header timeout (a
@@ -83,11 +83,7 @@ func (s *h1Server) newConn(c net.Conn) *h1Conn {
 // the HTTP/2 server because its client chose h2.
 func (s *h1Server) handshake(hc *h1Conn, lc ListenerConfig) bool {
 	tc := hc.c.(*tls.Conn)
-	hc.state.Store(connIdle) // like a wait for a request: shutdown closes it
-	if s.shutting.Load() {
-		s.finish(hc)
-		return false
-	}
+	hc.state.Store(connNew) // shutdown lets it handshake and send its request
 	_ = tc.SetDeadline(time.Now().Add(lc.ReadHeaderTimeout))
 	err := tc.Handshake()
 	_ = tc.SetDeadline(time.Time{})
@@ -97,7 +93,7 @@ func (s *h1Server) handshake(hc *h1Conn, lc ListenerConfig) bool {
 		s.finish(hc)
 		return false
 	}
-	if !hc.state.CompareAndSwap(connIdle, connActive) {
+	if !hc.state.CompareAndSwap(connNew, connActive) {
 		s.finish(hc) // shutdown closed it first
 		return false
 	}
