@@ -1,6 +1,7 @@
 package lab
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -130,14 +131,22 @@ func (n Net) SetLink(host string, up bool) error {
 
 // Partition drops all traffic between host and each of peers, inside host's
 // namespace (both directions), like LAB.md §6. Other hosts still reach it.
+// All rules go in with one iptables-restore, which commits them as one
+// transaction: the cut is one instant, as a real one is. Rule by rule, the
+// host kept its majority until the last peer's rules were in (four
+// commands, 0.1–0.6 s), and every figure timed from the partition grew by
+// that.
 func (n Net) Partition(host string, peers ...string) error {
+	var rules strings.Builder
+	rules.WriteString("*filter\n")
 	for _, p := range peers {
-		for _, rule := range [][]string{{"INPUT", "-s"}, {"OUTPUT", "-d"}} {
-			args := []string{"netns", "exec", n.NS(host), "iptables", "-w", "-A", rule[0], rule[1], IP(p), "-j", "DROP"}
-			if err := run("ip", args...); err != nil {
-				return err
-			}
-		}
+		fmt.Fprintf(&rules, "-A INPUT -s %s -j DROP\n-A OUTPUT -d %s -j DROP\n", IP(p), IP(p))
+	}
+	rules.WriteString("COMMIT\n")
+	cmd := exec.Command("ip", "netns", "exec", n.NS(host), "iptables-restore", "-w", "--noflush")
+	cmd.Stdin = strings.NewReader(rules.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("iptables-restore in %s: %v: %s", n.NS(host), err, bytes.TrimSpace(out))
 	}
 	return nil
 }

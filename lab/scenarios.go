@@ -557,6 +557,20 @@ func reportPartition(l *Lab, r *Result, pr *probeRun, t0 time.Time) {
 	if okA && okB && !aPassive.Before(bActive) {
 		r.fail("nodeb ACTIVE (%s) before nodea PASSIVE (%s)", bActive.Sub(t0), aPassive.Sub(t0))
 	}
+	if okB {
+		// The loss window itself (issue 19's goal in async mode): the last
+		// write the isolated node acknowledged through the balancer before
+		// the other node took over.
+		var last time.Time
+		for _, s := range pr.probe.Samples() {
+			if s.OK && s.Node == NodeA && s.End.After(t0) && s.End.Before(bActive) && s.End.After(last) {
+				last = s.End
+			}
+		}
+		if !last.IsZero() {
+			r.secs("partition: isolated nodea's last write through lb", last.Sub(t0))
+		}
+	}
 	followFigures(r, pr, rep, "partition", NodeB, t0)
 	r.fig("partition: failed writes", float64(rep.Failed), "")
 	outageFigures(r, "partition", rep)
