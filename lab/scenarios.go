@@ -507,6 +507,9 @@ func partitionRun(ctx context.Context, l *Lab, r *Result, hold time.Duration) (*
 	if err := l.Net.Partition(NodeA, NodeB, Witness); err != nil {
 		r.fail("partition: %v", err)
 	}
+	// Figures are timed from t0, before the command: this is how much of
+	// each is the command itself (the rules commit just before it returns).
+	r.secs("partition: cut command returned after", time.Since(t0))
 	// nodeb must take over while nodea is cut off.
 	ok := poll(ctx, hold, 50*time.Millisecond, func() bool {
 		_, ok := pr.ha.First(NodeB, "active", t0)

@@ -34,7 +34,11 @@ type Config struct {
 	// QuorumLossAfter: PASSIVE when no etcd call sent within this long has
 	// succeeded (the majority is out of reach), well before the lease
 	// deadline; it bounds how long an isolated primary takes writes.
-	// Default 1s; 0 turns it off (the lease deadline alone then decides).
+	// Default 800ms: with the balancer's check that keeps the isolated
+	// primary's writes through the balancer within 1 s of the cut (the
+	// async loss window, issue 19), and it still outlasts a TCP segment
+	// lost twice (200 + 400 ms of retransmission timeouts) on the path to
+	// the etcd leader. 0 turns it off (the lease deadline alone decides).
 	QuorumLossAfter time.Duration `yaml:"quorum-loss-after"`
 	// QuorumCheckInterval: period of the linearizable probe that keeps that
 	// proof fresh (default 200ms; at most a third of quorum-loss-after).
@@ -232,7 +236,7 @@ func DefaultConfig() Config {
 		KeepAliveInterval:   time.Second,
 		RereadInterval:      time.Second,
 		HeartbeatInterval:   5 * time.Second,
-		QuorumLossAfter:     time.Second,
+		QuorumLossAfter:     800 * time.Millisecond,
 		QuorumCheckInterval: 200 * time.Millisecond,
 		Etcd:                config.DefaultEtcd(),
 		Patroni: PatroniConfig{
