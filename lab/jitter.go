@@ -61,17 +61,29 @@ func ParseJitter(loss, delay string) (JitterOptions, error) {
 }
 
 // JitterSoak brings a lab up (with opt.RTO's budget), injects jo for d and
-// reports role changes, dual-ACTIVE rounds and failed writes; any role
-// change or dual ACTIVE fails it. Skeleton: the loss and the CPU load are
-// applied; the DelayProxy is not yet in the members' paths (their configs
-// would have to name the proxies' ports), so a delay is reported and not
-// injected.
+// reports role changes, Patroni leader changes, dual-ACTIVE rounds and
+// failed writes; any of the first three fails it. The loss is iptables'
+// (Net.DropRandom), the delay a DelayProxy on every member-to-member etcd
+// and Patroni REST connection (Net.StartDelay), the CPU load stress-ng.
 func JitterSoak(ctx context.Context, opt Options, jo JitterOptions, d time.Duration, w io.Writer) error {
 	l, err := NewLab(opt, w)
 	if err != nil {
 		return err
 	}
 	defer l.Down()
+	stopDelay := func() {}
+	defer func() { stopDelay() }() // before Down: the proxies' sockets live in the client's namespace
+	if jo.Delay > 0 {
+		l.beforeServices = func() error {
+			stop, err := l.Net.StartDelay(ctx, jo)
+			if err != nil {
+				return err
+			}
+			stopDelay = stop
+			l.logf("jitter soak: etcd and Patroni REST between members through delaying proxies, %s ± %s each way", jo.Delay, jo.Jitter)
+			return nil
+		}
+	}
 	if err := l.Up(ctx); err != nil {
 		return err
 	}
@@ -83,9 +95,7 @@ func JitterSoak(ctx context.Context, opt Options, jo JitterOptions, d time.Durat
 		}
 		l.logf("jitter soak: every host drops %.2f%% of its input", 100*jo.Loss)
 	}
-	if jo.Delay > 0 {
-		fmt.Fprintf(w, "jitter soak: --delay %s±%s is not injected yet (DelayProxy is not wired into the members' paths)\n", jo.Delay, jo.Jitter)
-	}
+	before := leaderAndEpoch(l.Ctl().Status(ctx))
 	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
 	start, end := time.Now(), time.Now().Add(d)
 	stressed := 0
@@ -123,13 +133,46 @@ func JitterSoak(ctx context.Context, opt Options, jo JitterOptions, d time.Durat
 	}
 	dual, rounds := pr.ha.Dual()
 	rep := ctl.Analyze(pr.probe.Samples(), start)
+	after := leaderAndEpoch(l.Ctl().Status(ctx))
+	// The leader key is created anew by every leader change, and the
+	// active key (the epoch) by every role change: a revision that moved
+	// is a change the 10 ms checker may have missed.
+	leaderChanged := before.leaderRev != after.leaderRev || before.leader != after.leader
 	fmt.Fprintf(w, "\n=== jitter soak summary (%s, rto %q, loss %.2f%%, %d stress periods)\n", d, opt.RTO, 100*jo.Loss, stressed)
-	fmt.Fprintf(w, "role changes (a node answering 503, then 200): %d\nchecker blips (no answer, then 200: its own lost packets): %d\ndual-ACTIVE rounds: %d of %d\nprobe: %s\n", changes, blips, dual, rounds, rep)
-	if changes > 0 || dual > 0 {
-		return fmt.Errorf("jitter soak: %d role changes, %d dual-ACTIVE rounds", changes, dual)
+	if jo.Delay > 0 {
+		fmt.Fprintf(w, "delay: %s ± %s each way on etcd (client, peer) and Patroni REST between members\n", jo.Delay, jo.Jitter)
+	}
+	fmt.Fprintf(w, "role changes (a node answering 503, then 200): %d\nchecker blips (no answer, then 200: its own lost packets): %d\n", changes, blips)
+	fmt.Fprintf(w, "Patroni leader: %s → %s; active key: %s → %s\n", before.leaderString(), after.leaderString(), before.activeString(), after.activeString())
+	fmt.Fprintf(w, "dual-ACTIVE rounds: %d of %d\nprobe: %s\n", dual, rounds, rep)
+	if changes > 0 || dual > 0 || leaderChanged || before.epoch != after.epoch {
+		return fmt.Errorf("jitter soak: %d role changes, leader changed %v, epoch %d → %d, %d dual-ACTIVE rounds",
+			changes, leaderChanged, before.epoch, after.epoch, dual)
 	}
 	return nil
 }
+
+// keys is the Patroni leader key and the active key at one moment.
+type keys struct {
+	leader    string
+	leaderRev int64
+	active    string
+	epoch     int64
+}
+
+func leaderAndEpoch(st ctl.Status) keys {
+	var k keys
+	if st.Leader != nil {
+		k.leader, k.leaderRev = st.Leader.Member, st.Leader.CreateRevision
+	}
+	if st.Active != nil {
+		k.active, k.epoch = st.Active.Node, st.Active.Epoch
+	}
+	return k
+}
+
+func (k keys) leaderString() string { return fmt.Sprintf("%s (create_rev %d)", k.leader, k.leaderRev) }
+func (k keys) activeString() string { return fmt.Sprintf("%s (epoch %d)", k.active, k.epoch) }
 
 // stress keeps both cores busy inside host's namespace for d (stress-ng,
 // when installed).

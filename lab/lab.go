@@ -60,6 +60,10 @@ type Lab struct {
 	Net Net
 	Dir string
 	Out io.Writer // progress lines; never nil
+	// beforeServices runs in Up once the namespaces exist, before the first
+	// service starts (the jitter soak's delaying proxies: their DNAT rules
+	// must see every connection from its first packet).
+	beforeServices func() error
 }
 
 // Binaries the lab looks for in BinDir.

@@ -257,32 +257,41 @@ func (n Net) DialContext(host string) func(ctx context.Context, network, addr st
 	}
 }
 
-func dialIn(ctx context.Context, nsPath, network, addr string) (net.Conn, error) {
+func dialIn(ctx context.Context, nsPath, network, addr string) (c net.Conn, err error) {
+	if nerr := inNS(nsPath, func() { c, err = (&net.Dialer{}).DialContext(ctx, network, addr) }); nerr != nil {
+		return nil, nerr
+	}
+	return c, err
+}
+
+// inNS runs f on this goroutine's thread switched into the network
+// namespace at nsPath; sockets f opens stay in it. Call it on a goroutine of
+// its own: if the thread cannot switch back it stays locked, and the
+// runtime discards it when that goroutine exits.
+func inNS(nsPath string, f func()) error {
 	runtime.LockOSThread()
 	orig, err := os.Open("/proc/thread-self/ns/net")
 	if err != nil {
 		runtime.UnlockOSThread()
-		return nil, err
+		return err
 	}
 	defer orig.Close()
 	target, err := os.Open(nsPath)
 	if err != nil {
 		runtime.UnlockOSThread()
-		return nil, err
+		return err
 	}
 	defer target.Close()
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("setns %s: %w", nsPath, err)
+		return fmt.Errorf("setns %s: %w", nsPath, err)
 	}
-	c, derr := (&net.Dialer{}).DialContext(ctx, network, addr)
+	f()
 	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// The thread is stuck in the lab namespace: keep it locked so the
-		// runtime discards it when this goroutine exits.
-		return c, derr
+		return nil // stuck in the lab namespace: stays locked (above)
 	}
 	runtime.UnlockOSThread()
-	return c, derr
+	return nil
 }
 
 // DropPort drops host's outgoing TCP traffic to port (e.g. the lb losing

@@ -72,6 +72,7 @@ var Scenarios = []Scenario{
 	{"10-vip-switchover", DCSRemote, VIPSwitchover},
 	{"11-vip-roled-paused", DCSRemote, VIPRoledPaused},
 	{"12-primary-dies-during-rewind", DCSRemote, PrimaryDiesDuringRewind},
+	{"15-kill", DCSRemote, KillAtRTO}, // the lab's own timers: 13's comparison point
 	{"6-partition-default-hosts", DCSAll, PartitionDefaultHosts},
 }
 

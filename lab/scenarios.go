@@ -584,9 +584,28 @@ func PartitionDesign(ctx context.Context, l *Lab, r *Result) {
 	if !needParts(l, r, BinLB, BinRoled) {
 		return
 	}
+	before, _ := l.Ctl().History(ctx)
 	pr, t0, _ := partitionRun(ctx, l, r, 40*time.Second)
 	reportPartition(l, r, pr, t0)
 	partitionAudit(ctx, l, r, pr, t0)
+	historyRedundancy(ctx, l, r, "partition", len(before))
+}
+
+// historyRedundancy reports the time to redundancy of the one failover the
+// scenario caused, from the new ACTIVE's history (first write served →
+// standby ready: roled's own reading, the figure hapairctl history shows).
+func historyRedundancy(ctx context.Context, l *Lab, r *Result, name string, skip int) {
+	evs, err := historySettled(ctx, l, skip, 1, 120*time.Second)
+	if err != nil || len(evs) <= skip {
+		r.note("%s: no failover in the history to time redundancy by (%v)", name, err)
+		return
+	}
+	e := evs[len(evs)-1]
+	if e.Redundancy != roled.RedundancyReached {
+		r.note("%s: history %s %s → %s not redundant (%s: %s)", name, e.Kind, e.From, e.To, e.Redundancy, e.RedundancyNote)
+		return
+	}
+	r.secs(name+": time to redundancy (served → standby ready, history)", time.Duration(e.RedundancySeconds*float64(time.Second)))
 }
 
 // syncLoses fails a scenario on a synchronous lab that lost acknowledged

@@ -131,6 +131,11 @@ func (l *Lab) Up(ctx context.Context) error {
 		return err
 	}
 	l.logf("lab %s: namespaces up (%s), state in %s", l.Opt.Tag, time.Since(t0).Round(time.Millisecond), l.Dir)
+	if l.beforeServices != nil {
+		if err := l.beforeServices(); err != nil {
+			return err
+		}
+	}
 	if m := l.Missing(); len(m) > 0 {
 		l.logf("not built, running without: %s", strings.Join(m, ", "))
 	}
