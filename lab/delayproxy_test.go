@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 )
@@ -17,20 +18,52 @@ func echoServer(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = ln.Close() })
+	serveEcho(t, ln, nil)
+	return ln.Addr().String()
+}
+
+// serveEcho accepts on ln until the test ends; each connection first gets
+// greet's bytes (when greet is set), then an echo of what it sends. The
+// cleanup closes ln and every connection and waits for their goroutines.
+func serveEcho(t *testing.T, ln net.Listener, greet func(c net.Conn) []byte) {
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
 			go func() {
+				defer wg.Done()
 				defer c.Close()
+				if greet != nil {
+					if _, err := c.Write(greet(c)); err != nil {
+						return
+					}
+				}
 				_, _ = io.Copy(c, c)
 			}()
 		}
 	}()
-	return ln.Addr().String()
 }
 
 func startProxy(t *testing.T, p *DelayProxy) string {

@@ -95,7 +95,10 @@ func JitterSoak(ctx context.Context, opt Options, jo JitterOptions, d time.Durat
 		}
 		l.logf("jitter soak: every host drops %.2f%% of its input", 100*jo.Loss)
 	}
-	before := leaderAndEpoch(l.Ctl().Status(ctx))
+	before, err := l.keysNow(ctx)
+	if err != nil {
+		return err
+	}
 	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
 	start, end := time.Now(), time.Now().Add(d)
 	stressed := 0
@@ -133,7 +136,10 @@ func JitterSoak(ctx context.Context, opt Options, jo JitterOptions, d time.Durat
 	}
 	dual, rounds := pr.ha.Dual()
 	rep := ctl.Analyze(pr.probe.Samples(), start)
-	after := leaderAndEpoch(l.Ctl().Status(ctx))
+	after, err := l.keysNow(ctx)
+	if err != nil {
+		return err // unknown is not "no change"
+	}
 	// The leader key is created anew by every leader change, and the
 	// active key (the epoch) by every role change: a revision that moved
 	// is a change the 10 ms checker may have missed.
@@ -160,15 +166,22 @@ type keys struct {
 	epoch     int64
 }
 
-func leaderAndEpoch(st ctl.Status) keys {
+// keysNow reads both keys, retrying for up to 30 s: on a lossy network one
+// status read may miss one, and a missing key must not read as a change.
+func (l *Lab) keysNow(ctx context.Context) (keys, error) {
 	var k keys
-	if st.Leader != nil {
-		k.leader, k.leaderRev = st.Leader.Member, st.Leader.CreateRevision
+	ok := poll(ctx, 30*time.Second, 250*time.Millisecond, func() bool {
+		st := l.Ctl().Status(ctx)
+		if st.Leader == nil || st.Active == nil {
+			return false
+		}
+		k = keys{st.Leader.Member, st.Leader.CreateRevision, st.Active.Node, st.Active.Epoch}
+		return true
+	})
+	if !ok {
+		return k, fmt.Errorf("jitter soak: no Patroni leader key and active key read within 30 s")
 	}
-	if st.Active != nil {
-		k.active, k.epoch = st.Active.Node, st.Active.Epoch
-	}
-	return k
+	return k, nil
 }
 
 func (k keys) leaderString() string { return fmt.Sprintf("%s (create_rev %d)", k.leader, k.leaderRev) }

@@ -44,36 +44,14 @@ func TestStartDelay(t *testing.T) {
 	defer stop()
 
 	// nodea's "etcd": tells each connection the address it came from, then
-	// echoes lines.
+	// echoes.
 	ln, err := n.listenIn(NodeA, net.JoinHostPort(IP(NodeA), "2379"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				fmt.Fprintf(c, "%s\n", c.RemoteAddr().(*net.TCPAddr).IP)
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := c.Write([]byte(line)); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	defer func() { _ = ln.Close(); <-served }()
+	serveEcho(t, ln, func(c net.Conn) []byte {
+		return []byte(c.RemoteAddr().(*net.TCPAddr).IP.String() + "\n")
+	})
 
 	roundTrip := func(from string) (peer string, rtt time.Duration) {
 		t.Helper()
