@@ -164,6 +164,8 @@ func TestCheck(t *testing.T) {
 		{"check interval × fall above hold-timeout", func(x *Timers) { x.CheckFall = 6 }, RuleCheckVsHold, "check.interval"},
 		{"check interval × fall above ttl − loop_wait", func(x *Timers) { x.HoldTimeout = 0; x.CheckFall = 9 }, RuleCheckVsTTL, "check.interval"},
 		{"sync retry-min above retry-max", func(x *Timers) { x.SyncRetryMin = 20 * s }, RuleSyncRetry, "sync.retry-max"},
+		{"quorum-loss-after reaches the deadline", func(x *Timers) { x.QuorumLossAfter = 4 * s }, RuleQuorumLoss, "quorum-loss-after"},
+		{"quorum probe slower than a third", func(x *Timers) { x.QuorumCheckInterval = 300 * ms }, RuleQuorumCheck, "quorum-check-interval"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x := Defaults()

@@ -189,6 +189,10 @@ func timersFor(target, ttl time.Duration) Timers {
 			t.HoldTimeout = max(5*time.Second, o.Worst.Truncate(time.Second)+time.Second)
 		}
 	}
+	// quorum-loss-after and its probe keep their defaults (800 ms / 200 ms)
+	// at every target: they bound how long an isolated primary takes writes
+	// (the async loss window, ≤ 1 s through the balancer), which the RTO does
+	// not change, and the least lease (2 s − 0.5 s margin) stays above them.
 	// The new ACTIVE's sender retries the returning peer at least every
 	// half target, so file sync resumes soon after a failover.
 	t.SyncRetryMax = max(time.Second, min(10*time.Second, (target/2).Truncate(100*time.Millisecond)))

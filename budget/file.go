@@ -49,17 +49,19 @@ type PatroniFile struct {
 
 // RoledFile is roled.yaml's timing (sync.* is its syncdir section).
 type RoledFile struct {
-	LeaseTTL          Duration `json:"lease-ttl" yaml:"lease-ttl"`
-	SafetyMargin      Duration `json:"safety-margin" yaml:"safety-margin"`
-	KeepAliveInterval Duration `json:"keepalive-interval" yaml:"keepalive-interval"`
-	RereadInterval    Duration `json:"reread-interval" yaml:"reread-interval"`
-	PollInterval      Duration `json:"patroni.poll-interval" yaml:"patroni.poll-interval"`
-	FastPollInterval  Duration `json:"patroni.fast-poll-interval" yaml:"patroni.fast-poll-interval"`
-	PatroniTimeout    Duration `json:"patroni.timeout" yaml:"patroni.timeout"`
-	PatroniTTL        Duration `json:"patroni.ttl" yaml:"patroni.ttl"`
-	PostgresTimeout   Duration `json:"postgres.timeout" yaml:"postgres.timeout"`
-	SyncRetryMin      Duration `json:"sync.retry-min" yaml:"sync.retry-min"`
-	SyncRetryMax      Duration `json:"sync.retry-max" yaml:"sync.retry-max"`
+	LeaseTTL            Duration `json:"lease-ttl" yaml:"lease-ttl"`
+	SafetyMargin        Duration `json:"safety-margin" yaml:"safety-margin"`
+	KeepAliveInterval   Duration `json:"keepalive-interval" yaml:"keepalive-interval"`
+	RereadInterval      Duration `json:"reread-interval" yaml:"reread-interval"`
+	PollInterval        Duration `json:"patroni.poll-interval" yaml:"patroni.poll-interval"`
+	FastPollInterval    Duration `json:"patroni.fast-poll-interval" yaml:"patroni.fast-poll-interval"`
+	PatroniTimeout      Duration `json:"patroni.timeout" yaml:"patroni.timeout"`
+	PatroniTTL          Duration `json:"patroni.ttl" yaml:"patroni.ttl"`
+	PostgresTimeout     Duration `json:"postgres.timeout" yaml:"postgres.timeout"`
+	QuorumLossAfter     Duration `json:"quorum-loss-after" yaml:"quorum-loss-after"`
+	QuorumCheckInterval Duration `json:"quorum-check-interval" yaml:"quorum-check-interval"`
+	SyncRetryMin        Duration `json:"sync.retry-min" yaml:"sync.retry-min"`
+	SyncRetryMax        Duration `json:"sync.retry-max" yaml:"sync.retry-max"`
 }
 
 // LBFile is lb.yaml's active-passive backend timing.
@@ -101,7 +103,8 @@ func FileOf(target time.Duration, t Timers) File {
 			PollInterval: Duration(t.PollInterval), FastPollInterval: Duration(t.FastPollInterval),
 			PatroniTimeout: Duration(t.PatroniTimeout), PatroniTTL: Duration(t.PatroniTTL),
 			PostgresTimeout: Duration(t.PostgresTimeout),
-			SyncRetryMin:    Duration(t.SyncRetryMin), SyncRetryMax: Duration(t.SyncRetryMax),
+			QuorumLossAfter: Duration(t.QuorumLossAfter), QuorumCheckInterval: Duration(t.QuorumCheckInterval),
+			SyncRetryMin: Duration(t.SyncRetryMin), SyncRetryMax: Duration(t.SyncRetryMax),
 		},
 		LB: LBFile{CheckInterval: Duration(t.CheckInterval), CheckTimeout: Duration(t.CheckTimeout),
 			CheckFall: t.CheckFall, CheckRise: t.CheckRise, HoldTimeout: Duration(t.HoldTimeout), FastPath: t.FastPath},
@@ -137,6 +140,7 @@ func (f File) Timers(from string) (Timers, error) {
 		KeepAliveInterval: time.Duration(f.Roled.KeepAliveInterval), RereadInterval: time.Duration(f.Roled.RereadInterval),
 		PollInterval: time.Duration(f.Roled.PollInterval), FastPollInterval: time.Duration(f.Roled.FastPollInterval),
 		PatroniTimeout: time.Duration(f.Roled.PatroniTimeout), PostgresTimeout: time.Duration(f.Roled.PostgresTimeout),
+		QuorumLossAfter: time.Duration(f.Roled.QuorumLossAfter), QuorumCheckInterval: time.Duration(f.Roled.QuorumCheckInterval),
 		SyncRetryMin: time.Duration(f.Roled.SyncRetryMin), SyncRetryMax: time.Duration(f.Roled.SyncRetryMax),
 		CheckInterval: time.Duration(f.LB.CheckInterval), CheckTimeout: time.Duration(f.LB.CheckTimeout),
 		CheckFall: f.LB.CheckFall, CheckRise: f.LB.CheckRise, HoldTimeout: time.Duration(f.LB.HoldTimeout),

@@ -56,6 +56,14 @@ const (
 	RuleCheckVsTTL
 	// RuleSyncRetry: sync.retry-min ≤ sync.retry-max.
 	RuleSyncRetry
+	// RuleQuorumLoss: quorum-loss-after < lease-ttl − safety-margin: the
+	// quorum check comes first, the lease deadline stays the last line.
+	RuleQuorumLoss
+	// RuleQuorumCheck: 3 × quorum-check-interval ≤ quorum-loss-after. The
+	// probes overlap (roled runProbes), so a healthy node's proof is at
+	// most one interval plus one read's latency old: at a third, a read
+	// slower than two intervals is survived.
+	RuleQuorumCheck
 )
 
 var ruleNames = map[Rule]string{
@@ -72,6 +80,8 @@ var ruleNames = map[Rule]string{
 	RuleCheckVsHold:     "check-within-hold",
 	RuleCheckVsTTL:      "check-within-ttl",
 	RuleSyncRetry:       "sync-retry",
+	RuleQuorumLoss:      "quorum-before-deadline",
+	RuleQuorumCheck:     "quorum-check-interval",
 }
 
 func (r Rule) String() string {
@@ -193,6 +203,16 @@ func Violations(t Timers) []*Violation {
 	rmax, okMax := t.get(SyncRetryMax)
 	if okMin && okMax && rmin > rmax {
 		add(t.violation(RuleSyncRetry, SyncRetryMax, rmax, "must be at least %s (%s)", t.Name(SyncRetryMin), rmin))
+	}
+	qla, okQLA := t.get(QuorumLossAfter)
+	if okQLA && okLease && okMargin && qla >= lease-margin {
+		add(t.violation(RuleQuorumLoss, QuorumLossAfter, qla,
+			"must be 0 (off) or below %s − %s (%s): the lease deadline is the last line, not the first",
+			t.Name(LeaseTTL), t.Name(SafetyMargin), lease-margin))
+	}
+	if qci, ok := t.get(QuorumCheckInterval); ok && okQLA && 3*qci > qla {
+		add(t.violation(RuleQuorumCheck, QuorumCheckInterval, qci,
+			"must be at most a third of %s (%s), so a read slower than two intervals is survived", t.Name(QuorumLossAfter), qla))
 	}
 	return out
 }

@@ -35,6 +35,8 @@ const (
 	FastPollInterval
 	PatroniTimeout
 	PostgresTimeout
+	QuorumLossAfter
+	QuorumCheckInterval
 	CheckInterval
 	CheckTimeout
 	CheckFall
@@ -59,6 +61,8 @@ var keyNames = [numKeys]string{
 	FastPollInterval:    "patroni.fast-poll-interval",
 	PatroniTimeout:      "patroni.timeout",
 	PostgresTimeout:     "postgres.timeout",
+	QuorumLossAfter:     "quorum-loss-after",
+	QuorumCheckInterval: "quorum-check-interval",
 	CheckInterval:       "check.interval",
 	CheckTimeout:        "check.timeout",
 	CheckFall:           "check.fall",
@@ -97,6 +101,10 @@ type Timers struct {
 	FastPollInterval  time.Duration // patroni.fast-poll-interval (default 50ms)
 	PatroniTimeout    time.Duration // patroni.timeout: per REST call (default 1s)
 	PostgresTimeout   time.Duration // postgres.timeout (default 1s)
+	// The fast PASSIVE on a lost etcd majority (0 in roled.yaml: off, here
+	// unknown). It bounds the async loss window, not the outage.
+	QuorumLossAfter     time.Duration // quorum-loss-after (default 800ms)
+	QuorumCheckInterval time.Duration // quorum-check-interval (default 200ms)
 
 	// hapair-lb, the active-passive backend.
 	CheckInterval time.Duration // check.interval (default 1s)
@@ -144,7 +152,8 @@ func (t *Timers) Set(k Key, d time.Duration) {
 		PatroniTTL: &t.PatroniTTL, PatroniLoopWait: &t.PatroniLoopWait, PatroniRetryTimeout: &t.PatroniRetryTimeout,
 		LeaseTTL: &t.LeaseTTL, SafetyMargin: &t.SafetyMargin, KeepAliveInterval: &t.KeepAliveInterval,
 		RereadInterval: &t.RereadInterval, PollInterval: &t.PollInterval, FastPollInterval: &t.FastPollInterval,
-		PatroniTimeout: &t.PatroniTimeout, PostgresTimeout: &t.PostgresTimeout, CheckInterval: &t.CheckInterval,
+		PatroniTimeout: &t.PatroniTimeout, PostgresTimeout: &t.PostgresTimeout, QuorumLossAfter: &t.QuorumLossAfter,
+		QuorumCheckInterval: &t.QuorumCheckInterval, CheckInterval: &t.CheckInterval,
 		CheckTimeout: &t.CheckTimeout, HoldTimeout: &t.HoldTimeout, SyncRetryMin: &t.SyncRetryMin,
 		SyncRetryMax: &t.SyncRetryMax}[k]
 	switch {
@@ -190,6 +199,10 @@ func (t Timers) get(k Key) (time.Duration, bool) {
 		d = t.PatroniTimeout
 	case PostgresTimeout:
 		d = t.PostgresTimeout
+	case QuorumLossAfter:
+		d = t.QuorumLossAfter
+	case QuorumCheckInterval:
+		d = t.QuorumCheckInterval
 	case CheckInterval:
 		d = t.CheckInterval
 	case CheckTimeout:
@@ -227,6 +240,8 @@ func Defaults() Timers {
 		FastPollInterval:    50 * time.Millisecond,
 		PatroniTimeout:      time.Second,
 		PostgresTimeout:     time.Second,
+		QuorumLossAfter:     800 * time.Millisecond,
+		QuorumCheckInterval: 200 * time.Millisecond,
 		CheckInterval:       time.Second,
 		CheckTimeout:        500 * time.Millisecond,
 		CheckFall:           2,
@@ -261,6 +276,8 @@ func (t Timers) Merge(d Timers) Timers {
 	fill(&out.FastPollInterval, d.FastPollInterval)
 	fill(&out.PatroniTimeout, d.PatroniTimeout)
 	fill(&out.PostgresTimeout, d.PostgresTimeout)
+	fill(&out.QuorumLossAfter, d.QuorumLossAfter)
+	fill(&out.QuorumCheckInterval, d.QuorumCheckInterval)
 	fill(&out.CheckInterval, d.CheckInterval)
 	fill(&out.CheckTimeout, d.CheckTimeout)
 	if out.CheckFall == 0 {

@@ -221,7 +221,7 @@ func WritePlan(w io.Writer, target time.Duration, t budget.Timers) error {
 		{"patroni", []budget.Key{budget.PatroniTTL, budget.PatroniLoopWait, budget.PatroniRetryTimeout}},
 		{"roled", []budget.Key{budget.LeaseTTL, budget.SafetyMargin, budget.KeepAliveInterval, budget.RereadInterval,
 			budget.PollInterval, budget.FastPollInterval, budget.PatroniTimeout, budget.PostgresTimeout,
-			budget.SyncRetryMin, budget.SyncRetryMax}},
+			budget.QuorumLossAfter, budget.QuorumCheckInterval, budget.SyncRetryMin, budget.SyncRetryMax}},
 		{"lb", []budget.Key{budget.CheckInterval, budget.CheckTimeout, budget.CheckFall, budget.CheckRise, budget.HoldTimeout}},
 	}
 	for _, p := range parts {

@@ -378,6 +378,10 @@ func (c *converge) rtoBudget(t *testing.T) {
 		t.Errorf("A: roled lease-ttl %v safety-margin %v patroni.poll-interval %v patroni.ttl %v, want 3s 600ms 250ms 5s",
 			r["lease-ttl"], r["safety-margin"], p["poll-interval"], p["ttl"])
 	}
+	if sy := r["sync"].(map[string]any); sy["retry-min"] != "200ms" || sy["retry-max"] != "3.2s" || p["fast-poll-interval"] != "50ms" {
+		t.Errorf("A: sync retry-min %v retry-max %v patroni.fast-poll-interval %v, want 200ms 3.2s 50ms (the budget's)",
+			sy["retry-min"], sy["retry-max"], p["fast-poll-interval"])
+	}
 	lbc := readYAML(t, c.path("lb1", "etc/hapair/lb.yaml"))
 	app := lbc["backends"].([]any)[0].(map[string]any)
 	chk := app["check"].(map[string]any)

@@ -65,6 +65,7 @@ var Scenarios = []Scenario{
 	{"2-switchover", DCSRemote, Switchovers},
 	{"3-drill", DCSRemote, DrillBoth},
 	{"4-witness-lost", DCSRemote, WitnessLost},
+	{"16-standby-dies-leading-etcd", DCSRemote, StandbyDiesLeadingEtcd},
 	{"5-partition", DCSRemote, PartitionDesign},
 	{"7-frozen-patroni", DCSRemote, FrozenPatroni},
 	{"8-lb-partitioned", DCSRemote, LBPartitioned},

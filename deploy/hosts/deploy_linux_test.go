@@ -374,6 +374,8 @@ func TestDeploySystemd(t *testing.T) {
 	t.Run("roled-sigstop-on-active", func(t *testing.T) { stepFreezeRoled(t, ctx, c, w, rw, fig) })
 	t.Run("reboot-passive", func(t *testing.T) { stepReboot(t, ctx, c, w, rw, fig, "passive") })
 	t.Run("reboot-active", func(t *testing.T) { stepReboot(t, ctx, c, w, rw, fig, "active") })
+	// Last: the cluster runs on the 6.5 s budget from here on.
+	t.Run("budget-change", func(t *testing.T) { stepBudgetChange(t, ctx, c, w, rw, fig) })
 
 	fig.add("total so far", time.Since(start))
 	t.Logf("figures were taken on a shared, loaded machine (other sessions' tests run beside it)")

@@ -586,3 +586,53 @@ func TestDrillFiguresReadsTheReport(t *testing.T) {
 		}
 	}
 }
+
+// getPatroniConfig prints ttl, loop_wait and retry_timeout from a Patroni's
+// GET /config (HTTPS, the cluster's CA).
+const getPatroniConfig = `import json, ssl, sys, urllib.request as u
+ctx = ssl.create_default_context(cafile=sys.argv[2])
+d = json.load(u.urlopen(sys.argv[1] + "/config", timeout=10, context=ctx))
+print(d.get("ttl"), d.get("loop_wait"), d.get("retry_timeout"))
+`
+
+// stepBudgetChange runs site.yml again with hapair_rto=6.5s on the running
+// cluster, as an operator tightening the budget would. Patroni's timers
+// live in its dynamic configuration: the play PATCHes /config, and both
+// members then report the derived 5/1/2 without Patroni having restarted
+// (etcd, roled and the balancer do restart, one at a time, on their new
+// files). No switchover is planned: the primary stays, and the writer's
+// figures show what the rollout cost.
+func stepBudgetChange(t *testing.T, ctx context.Context, c *Cluster, w *writer, rw *roleWatch, fig *figures) {
+	before := waitHealthy(t, ctx, c)
+	starts := unitStarts(t, ctx, c)
+	v0, m0 := rw.mark()
+	t0 := time.Now()
+	out, err := c.Play(ctx, controller, CtlInventory, playLog(t, "site-rto"), "site.yml", "-e", "hapair_rto=6.5s")
+	if err != nil {
+		t.Fatalf("site.yml with hapair_rto=6.5s: %v\n%s", err, tail(out, 120))
+	}
+	fig.add("site.yml with hapair_rto=6.5s", time.Since(t0))
+	for _, n := range dataNodes {
+		h := c.Hosts[n]
+		if err := h.WriteFile("/root/get-patroni-config.py", []byte(getPatroniConfig), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := h.Exec(ctx, "python3", "/root/get-patroni-config.py", "https://"+addrs[n]+":8008", "/etc/hapair/tls/ca.pem")
+		if got = strings.TrimSpace(got); err != nil || got != "5 1 2" {
+			t.Errorf("%s: Patroni /config ttl loop_wait retry_timeout %q (%v), want \"5 1 2\" (the budget's)", n, got, err)
+		}
+	}
+	after := unitStarts(t, ctx, c)
+	for _, n := range dataNodes {
+		if u := n + "/patroni"; after[u] != starts[u] {
+			t.Errorf("%s restarted for the budget change (start %s -> %s): /config needs no restart", u, starts[u], after[u])
+		}
+	}
+	st := waitHealthy(t, ctx, c)
+	fig.add("budget change: healthy", time.Since(t0))
+	userFigures(t, fig, "budget change", w.upTo(t, t0))
+	checkRoles(t, rw, v0, m0, 0)
+	if st.Redundancy.Active != before.Redundancy.Active {
+		t.Errorf("ACTIVE moved from %s to %s on the budget change", before.Redundancy.Active, st.Redundancy.Active)
+	}
+}
