@@ -101,12 +101,8 @@ func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
 		return
 	}
 	before, _ := l.Ctl().History(ctx)
-	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
-	pr.dualBefore, _ = l.lbDualActive("app")
-	// A few writes served by nodea before the fault.
-	if !poll(ctx, 10*time.Second, 20*time.Millisecond, func() bool { return countOK(pr.probe.Samples(), NodeA) >= 5 }) {
-		stop()
-		r.fail("no writes through the balancer before the kill")
+	pr, stop, ok := l.probesServing(ctx, r)
+	if !ok {
 		return
 	}
 	t0 := time.Now()

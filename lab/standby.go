@@ -35,11 +35,8 @@ func StandbyDiesLeadingEtcd(ctx context.Context, l *Lab, r *Result) {
 		r.fail("move etcd leadership to nodeb: %v", err)
 		return
 	}
-	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
-	pr.dualBefore, _ = l.lbDualActive("app")
-	if !poll(ctx, 10*time.Second, 20*time.Millisecond, func() bool { return countOK(pr.probe.Samples(), NodeA) >= 5 }) {
-		stop()
-		r.fail("no writes through the balancer before the kill")
+	pr, stop, ok := l.probesServing(ctx, r)
+	if !ok {
 		return
 	}
 	t0 := time.Now()
@@ -175,4 +172,18 @@ func (l *Lab) moveEtcdLeader(ctx context.Context, host string) (uint64, error) {
 		return 0, fmt.Errorf("%s's member does not lead etcd 10 s after the move", host)
 	}
 	return target, nil
+}
+
+// probesServing starts the probes (the 10 ms checker among them) and waits
+// for a few writes served by nodea, the starting point of the kill
+// scenarios; on false it has stopped them and failed r.
+func (l *Lab) probesServing(ctx context.Context, r *Result) (*probeRun, func(), bool) {
+	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
+	pr.dualBefore, _ = l.lbDualActive("app")
+	if !poll(ctx, 10*time.Second, 20*time.Millisecond, func() bool { return countOK(pr.probe.Samples(), NodeA) >= 5 }) {
+		stop()
+		r.fail("no writes through the balancer before the fault")
+		return nil, nil, false
+	}
+	return pr, stop, true
 }
