@@ -58,7 +58,15 @@ type RTOScenario struct {
 // retry_timeout of 1 s, so ttl cannot go under 5 s.
 var RTOScenarios = []RTOScenario{
 	{"6.5s", Scenario{"13-kill-at-rto-6.5s", DCSRemote, KillAtRTO}},
+	{"6.5s", Scenario{"19-host-death-at-rto-6.5s", DCSRemote, HostDeathAtRTO}},
 }
+
+// HostDeathAtRTO (19, and 20 on the lab's own timers) is KillAtRTO with
+// the node's cable pulled as well: a host that lost power sends no RST, so
+// every connection to it waits for its timeout instead of failing at once
+// (Patroni's status request to the old leader in the leader race among
+// them). The node's cable is back before it starts again.
+func HostDeathAtRTO(ctx context.Context, l *Lab, r *Result) { killAtRTO(ctx, l, r, true) }
 
 // KillAtRTO (13, and 15 on the lab's own timers): kill -9 of everything on
 // the primary's node: the first write through the balancer after the kill,
@@ -69,7 +77,9 @@ var RTOScenarios = []RTOScenario{
 // lab they are the lab's defaults (Patroni 10/2/3), the comparison point.
 // The timing bound is far outside every goal (12 × the target, or 12 × the
 // arithmetic's typical kill): it only catches timers that did not apply.
-func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
+func KillAtRTO(ctx context.Context, l *Lab, r *Result) { killAtRTO(ctx, l, r, false) }
+
+func killAtRTO(ctx context.Context, l *Lab, r *Result, hostDeath bool) {
 	if !needParts(l, r, BinLB, BinRoled) {
 		return
 	}
@@ -90,6 +100,11 @@ func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
 		t, outages, label = p.Timers, p.Outages, "rto "+target.String()
 	}
 	kill := outages[0]
+	fault := "kill"
+	if hostDeath {
+		fault = "host death"
+	}
+	name := fault + " at " + label
 	if target == 0 {
 		target = kill.Typical
 	}
@@ -105,10 +120,17 @@ func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
 	if !ok {
 		return
 	}
+	if h, err := l.etcdLeaderHost(ctx); err == nil {
+		r.note("%s: etcd's raft leader at the fault: %s's member", name, h)
+	}
 	t0 := time.Now()
-	if err := l.KillNode(NodeA); err != nil {
+	err := l.KillNode(NodeA)
+	if err == nil && hostDeath {
+		err = l.Net.SetLink(NodeA, false)
+	}
+	if err != nil {
 		stop()
-		r.fail("kill: %v", err)
+		r.fail("%s: %v", fault, err)
 		return
 	}
 	// 12 × the target: far outside the goal, never a flaky bound.
@@ -120,15 +142,15 @@ func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
 	time.Sleep(time.Second) // a second of writes on the survivor, for the report
 	stop()
 	rep := ctl.Analyze(pr.probe.Samples(), t0)
-	r.note("kill at %s: %s", label, rep)
+	r.note("%s: %s", name, rep)
 	if !served {
 		r.fail("no write served by nodeb within %s of the kill", bound)
 	}
 	if first, ok := rep.FirstOK[NodeB]; ok { // the figure itself: followFigures
-		l.logf("kill at %s: first write through the balancer %.2f s after the kill", label, first.Seconds())
+		l.logf("%s: first write through the balancer %.2f s after the fault", name, first.Seconds())
 	}
-	followFigures(r, pr, rep, "kill at "+label, NodeB, t0)
-	r.fig("kill at "+label+": failed writes", float64(rep.Failed), "")
+	followFigures(r, pr, rep, name, NodeB, t0)
+	r.fig(name+": failed writes", float64(rep.Failed), "")
 	if dual, rounds := pr.ha.Dual(); dual > 0 {
 		r.fail("checker saw two ACTIVE nodes in %d of %d rounds", dual, rounds)
 	}
@@ -137,6 +159,12 @@ func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
 	}
 	// Bring nodea back: it must rejoin as a replica and be ready again.
 	t1 := time.Now()
+	if hostDeath {
+		if err := l.Net.SetLink(NodeA, true); err != nil {
+			r.fail("cable of nodea: %v", err)
+			return
+		}
+	}
 	if err := l.StartNode(NodeA); err != nil {
 		r.fail("start nodea: %v", err)
 		return
@@ -144,7 +172,7 @@ func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
 	if err := l.Ctl().WaitStandbyReady(ctx, NodeA, io.Discard); err != nil {
 		r.fail("nodea not ready as a standby after its restart: %v", err)
 	} else {
-		r.secs("kill at "+label+": time to redundancy (restart → standby ready)", time.Since(t1))
+		r.secs(name+": time to redundancy (restart → standby ready)", time.Since(t1))
 	}
 	if err := l.WaitSettled(ctx, NodeB, 90*time.Second); err != nil {
 		r.fail("not settled after the kill: %v", err)
@@ -156,8 +184,8 @@ func KillAtRTO(ctx context.Context, l *Lab, r *Result) {
 		return
 	}
 	r.note("audit: %s", a)
-	historyRedundancy(ctx, l, r, "kill at "+label, len(before))
-	r.fig("kill at "+label+": acknowledged rows lost", float64(len(a.LostRows)), "")
+	historyRedundancy(ctx, l, r, name, len(before))
+	r.fig(name+": acknowledged rows lost", float64(len(a.LostRows)), "")
 	// Asynchronous replication may lose the last few ms of writes on a kill.
 	if len(a.LostRows) > 3 {
 		r.fail("%d acknowledged rows lost on one kill", len(a.LostRows))

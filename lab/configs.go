@@ -185,7 +185,7 @@ agent:
 %[8]s`, host, RoledPort, yamlList(EtcdEndpoints()), PatroniPort, Scope, l.path(host, "pgrun"),
 		l.path(host, "state", "active"), l.syncSection(host, t), t.LeaseTTL, t.SafetyMargin, t.KeepAliveInterval, t.RereadInterval,
 		t.PollInterval, t.FastPollInterval, t.PatroniTimeout, t.PatroniTTL, t.PostgresTimeout, l.Opt.Durability, LocalWriterRole)
-	if l.Opt.VIP {
+	if l.Opt.VIP && l.Opt.VIPPeer == "" {
 		body += fmt.Sprintf("vip:\n  address: %s/24\n  interface: eth0\n", VIPAddr)
 	}
 	return l.writeConfig(host+".roled.yaml", body)

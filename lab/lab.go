@@ -44,6 +44,10 @@ type Options struct {
 	// VIP gives roled a vip section (VIPAddr on eth0): the service address
 	// follows ACTIVE (issue 20; scenario 10-vip-switchover).
 	VIP bool `json:"vip"`
+	// VIPPeer "keepalived" (VIPPeerKeepalived; implies VIP): keepalived's
+	// VRRP pair holds the VIP instead of roled, for the side-by-side runs.
+	// Empty: roled.
+	VIPPeer string `json:"vip_peer,omitempty"`
 	// Durability is async (default), sync or sync-strict (roled's words):
 	// Patroni's synchronous_mode(_strict) in the bootstrap DCS config and
 	// roled's durability (commit canary; sync-strict holds on hung commits).
@@ -87,6 +91,13 @@ func NewLab(opt Options, out io.Writer) (*Lab, error) {
 	}
 	if opt.Repeat < 1 {
 		opt.Repeat = 1
+	}
+	switch opt.VIPPeer {
+	case "":
+	case VIPPeerKeepalived:
+		opt.VIP = true
+	default:
+		return nil, fmt.Errorf("vip peer %q: want %q or none", opt.VIPPeer, VIPPeerKeepalived)
 	}
 	dur, err := roled.ParseDurability(opt.Durability)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -99,15 +100,21 @@ func TestLab(t *testing.T) {
 		o.RTO, o.Hold = rs.RTO, ""
 		t.Run("rto-"+rs.RTO, func(t *testing.T) { runLabGroup(ctx, t, o, rs.Scenario.DCS, []Scenario{rs.Scenario}) })
 	}
-	// The durability modes' own scenarios, one lab per mode (issue 19).
-	for _, g := range DurabilityGroups {
+	// The durability modes' own scenarios (issue 19) and the VIP scenarios
+	// with keepalived (issue 20), one lab per group.
+	for _, g := range Groups {
 		todo := g.Matching(rx)
-		if len(todo) == 0 {
+		if len(todo) == 0 || !g.Runs(opt) {
 			continue
 		}
 		o := opt
-		o.Durability = g.Durability
-		t.Run("durability-"+g.Durability, func(t *testing.T) { runLabGroup(ctx, t, o, DCSRemote, todo) })
+		g.Build(&o)
+		t.Run(g.Name, func(t *testing.T) {
+			if _, err := exec.LookPath("keepalived"); err != nil && o.VIPPeer == VIPPeerKeepalived {
+				t.Skip("keepalived not installed (Debian package keepalived)")
+			}
+			runLabGroup(ctx, t, o, DCSRemote, todo)
+		})
 	}
 }
 

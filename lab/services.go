@@ -181,6 +181,9 @@ func (l *Lab) Up(ctx context.Context) error {
 		if err := l.startRoled(h); err != nil {
 			return err
 		}
+		if err := l.startKeepalived(h); err != nil {
+			return err
+		}
 	}
 	if err := l.startLB(); err != nil {
 		return err
@@ -291,7 +294,7 @@ func (l *Lab) StartNode(host string) error {
 		if err := l.removeStalePostmaster(host); err != nil {
 			return err
 		}
-		for _, f := range []func(string) error{l.startEtcd, l.startPatroni, l.startApp, l.startRoled} {
+		for _, f := range []func(string) error{l.startEtcd, l.startPatroni, l.startApp, l.startRoled, l.startKeepalived} {
 			if err := f(host); err != nil {
 				return err
 			}

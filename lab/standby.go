@@ -127,6 +127,30 @@ func (l *Lab) etcdLeaderOf(ctx context.Context, host string) (uint64, error) {
 	return st.Leader, nil
 }
 
+// etcdLeaderHost names the host whose member leads etcd, as nodeb's member
+// sees it (a killed node's member that led raft costs the survivors an
+// election, and the new leader renews every lease: the kill's worst case).
+func (l *Lab) etcdLeaderHost(ctx context.Context) (string, error) {
+	lead, err := l.etcdLeaderOf(ctx, NodeB)
+	if err != nil {
+		return "", err
+	}
+	for _, h := range EtcdHosts {
+		cli, err := l.etcdClient(h)
+		if err != nil {
+			return "", err
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := cli.Status(sctx, "http://"+IP(h)+":2379")
+		cancel()
+		cli.Close()
+		if err == nil && st.Header.MemberId == lead {
+			return h, nil
+		}
+	}
+	return "", fmt.Errorf("no member has the leader's ID %x", lead)
+}
+
 // moveEtcdLeader makes host's member the raft leader and returns its ID.
 func (l *Lab) moveEtcdLeader(ctx context.Context, host string) (uint64, error) {
 	ids := map[string]uint64{}

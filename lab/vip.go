@@ -3,7 +3,9 @@ package lab
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
+	"sync"
 	"time"
 
 	"github.com/hapair/hapair/internal/nettest"
@@ -13,60 +15,116 @@ import (
 const VIPAddr = Subnet + ".100"
 
 // VIPSwitchover (issue 20): with --vip the service address follows ACTIVE
-// through planned switchovers both ways. A checker on the client asks ARP
-// for it every 10 ms and records every MAC that answers; another polls
-// both nodes' addresses. Figures: the VIP's arrival after the new ACTIVE
-// serves 200, double-answer rounds (must be 0).
+// through planned switchovers both ways (Repeat rounds). Figures: the VIP's
+// arrival after the new ACTIVE serves 200, and vipWatch's (double-answer
+// rounds must be 0).
 func VIPSwitchover(ctx context.Context, l *Lab, r *Result) {
-	if !l.Opt.VIP {
-		r.note("skipped: the lab was made without --vip")
+	w, ok := startVIPWatch(ctx, l, r)
+	if !ok {
 		return
 	}
-	vip := netip.MustParseAddr(VIPAddr)
-	hosts := map[string]*nettest.Host{}
+	for range max(l.Opt.Repeat, 1) {
+		for _, to := range []string{NodeB, NodeA} {
+			f0, d0 := w.counts()
+			vipSwitchoverOnce(ctx, l, r, w.hosts[to], to, w.vip)
+			w.faultFigures(r, "vip switchover", f0, d0)
+		}
+	}
+	w.stop(l, r)
+	if len(w.byMAC) < 2 {
+		r.fail("ARP answers from %d MACs, want both nodes'", len(w.byMAC))
+	}
+}
+
+// vipWatch is every VIP scenario's checkers, from the client's side of the
+// LAN: an ARP request for the VIP every 10 ms (every MAC that answers is
+// recorded), the address polled on both nodes, and a write through the VIP
+// every 20 ms.
+type vipWatch struct {
+	vip        netip.Addr
+	hosts      map[string]*nettest.Host // nodea, nodeb, client
+	pres       *nettest.Presence
+	arp        *nettest.ARPWatch
+	wr         *vipWriter
+	stopWriter context.CancelFunc
+	wdone      chan struct{}
+	// After stop: answers by MAC, readings with the VIP by host.
+	byMAC, seen map[string]int
+}
+
+// startVIPWatch starts the checkers; false (r failed or skipped) when
+// they cannot run.
+func startVIPWatch(ctx context.Context, l *Lab, r *Result) (*vipWatch, bool) {
+	if !l.Opt.VIP {
+		r.note("skipped: the lab was made without --vip")
+		return nil, false
+	}
+	w := &vipWatch{vip: netip.MustParseAddr(VIPAddr), hosts: map[string]*nettest.Host{}}
 	for _, h := range []string{NodeA, NodeB, Client} {
 		nh, err := nettest.HostAt(h, "/run/netns/"+l.Net.NS(h))
 		if err != nil {
+			w.closeHosts()
 			r.fail("namespace of %s: %v", h, err)
-			return
+			return nil, false
 		}
-		defer nh.Close()
-		hosts[h] = nh
+		w.hosts[h] = nh
 	}
-	pres := nettest.StartPresence([]*nettest.Host{hosts[NodeA], hosts[NodeB]}, vip)
-	arp, err := nettest.StartARP(hosts[Client], vip, 10*time.Millisecond)
+	w.pres = nettest.StartPresence([]*nettest.Host{w.hosts[NodeA], w.hosts[NodeB]}, w.vip)
+	arp, err := nettest.StartARP(w.hosts[Client], w.vip, 10*time.Millisecond)
 	if err != nil {
-		pres.Stop()
+		w.pres.Stop()
+		w.closeHosts()
 		r.fail("ARP checker: %v", err)
-		return
+		return nil, false
 	}
-	wctx, stopWriter := context.WithCancel(ctx)
-	wr := &vipWriter{}
-	wdone := make(chan struct{})
-	go func() { defer close(wdone); wr.run(wctx, l) }()
-	for range max(l.Opt.Repeat, 1) {
-		for _, to := range []string{NodeB, NodeA} {
-			vipSwitchoverOnce(ctx, l, r, hosts[to], to, vip)
-		}
+	w.arp = arp
+	wctx, cancel := context.WithCancel(ctx)
+	w.wr, w.stopWriter, w.wdone = &vipWriter{byNode: map[string]int{}}, cancel, make(chan struct{})
+	go func() { defer close(w.wdone); w.wr.run(wctx, l) }()
+	return w, true
+}
+
+func (w *vipWatch) closeHosts() {
+	for _, h := range w.hosts {
+		h.Close()
 	}
-	stopWriter()
-	<-wdone
+}
+
+// stop ends the checkers and reports their figures. The VIP on two nodes
+// at once fails the scenario when hapair holds it; keepalived's doubles are
+// its figures, reported (the comparison), not failures.
+func (w *vipWatch) stop(l *Lab, r *Result) {
+	w.stopWriter()
+	<-w.wdone
+	wr := w.wr
 	r.note("writes through the VIP (client -> %s:%d/write every 20 ms, new connection each): %d ok, %d failed, failures from first to last %s, by node %v",
 		VIPAddr, AppPort, wr.ok, wr.failed, wr.lastFail.Sub(wr.firstFail).Round(time.Millisecond), wr.byNode)
 	r.fig("vip writes failed", float64(wr.failed), "requests")
-	arp.Stop()
-	readings, overlaps, seen := pres.Stop()
-	rounds, answered, doubles, byMAC := arp.Snapshot()
-	r.note("VIP checkers: %d address readings (by host %v), %d ARP rounds, %d answered, answers by MAC %v",
-		readings, seen, rounds, answered, byMAC)
+	w.arp.Stop()
+	readings, overlaps, seen := w.pres.Stop()
+	rounds, answered, doubles, byMAC := w.arp.Snapshot()
+	w.byMAC, w.seen = byMAC, seen
+	w.closeHosts()
+	r.note("VIP checkers (VIP held by %s): %d address readings (by host %v), %d ARP rounds, %d answered, answers by MAC %v",
+		l.vipHolder(), readings, seen, rounds, answered, byMAC)
 	r.fig("vip double-answer ARP rounds", float64(doubles), "rounds")
 	r.fig("vip on both nodes (address readings)", float64(overlaps), "readings")
-	if doubles != 0 || overlaps != 0 {
-		r.fail("the VIP on two nodes at once: %d double-answer ARP rounds, %d address overlaps", doubles, overlaps)
+	if doubles == 0 && overlaps == 0 {
+		return
 	}
-	if len(byMAC) < 2 {
-		r.fail("ARP answers from %d MACs, want both nodes'", len(byMAC))
+	if l.Opt.VIPPeer != "" {
+		r.note("%s: the VIP on two nodes at once: %d double-answer ARP rounds (10 ms), %d address overlaps", l.Opt.VIPPeer, doubles, overlaps)
+		return
 	}
+	r.fail("the VIP on two nodes at once: %d double-answer ARP rounds, %d address overlaps", doubles, overlaps)
+}
+
+// vipHolder names what holds the lab's VIP: roled, or the peer.
+func (l *Lab) vipHolder() string {
+	if l.Opt.VIPPeer != "" {
+		return l.Opt.VIPPeer
+	}
+	return "roled"
 }
 
 func vipSwitchoverOnce(ctx context.Context, l *Lab, r *Result, h *nettest.Host, to string, vip netip.Addr) {
@@ -115,13 +173,20 @@ func vipSwitchoverOnce(ctx context.Context, l *Lab, r *Result, h *nettest.Host, 
 // vipWriter sends the app's /write through the VIP, as a client of a
 // two-node site without a balancer would.
 type vipWriter struct {
+	mu                  sync.Mutex
 	ok, failed          int
 	firstFail, lastFail time.Time
 	byNode              map[string]int
+	oks                 []vipOK
+}
+
+// vipOK is one acknowledged write: when it was sent, which node answered.
+type vipOK struct {
+	sent time.Time
+	node string
 }
 
 func (w *vipWriter) run(ctx context.Context, l *Lab) {
-	w.byNode = map[string]int{}
 	id := time.Now().UnixMilli() * 1000
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
@@ -133,105 +198,79 @@ func (w *vipWriter) run(ctx context.Context, l *Lab) {
 		}
 		id++
 		var res WriteResult
+		sent := time.Now()
 		err := l.getJSON(Client, fmt.Sprintf("http://%s:%d/write?id=%d", VIPAddr, AppPort, id), time.Second, &res)
-		if err == nil && res.Error == "" {
-			w.ok++
-			w.byNode[res.Node]++
-			continue
-		}
 		if ctx.Err() != nil {
 			return
 		}
-		w.failed++
-		now := time.Now()
-		if w.firstFail.IsZero() {
-			w.firstFail = now
+		w.mu.Lock()
+		if err == nil && res.Error == "" {
+			w.ok++
+			w.byNode[res.Node]++
+			w.oks = append(w.oks, vipOK{sent, res.Node})
+		} else {
+			w.failed++
+			now := time.Now()
+			if w.firstFail.IsZero() {
+				w.firstFail = now
+			}
+			w.lastFail = now
 		}
-		w.lastFail = now
+		w.mu.Unlock()
 	}
+}
+
+// firstOK is the send time of the first write node acknowledged that was
+// sent after t0.
+func (w *vipWriter) firstOK(node string, t0 time.Time) (time.Time, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, o := range w.oks {
+		if o.node == node && o.sent.After(t0) {
+			return o.sent, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // VIPRoledPaused (issue 20): SIGSTOP of the ACTIVE node's roled for longer
 // than its lease (5 s). While it is stopped the kernel drops the VIP before
 // roled's local deadline (last keep-alive sent + 5 s − 1 s); nobody else
 // takes it (Patroni still names that node: no ACTIVE without it). After
-// SIGCONT roled is ACTIVE again and adds it back.
+// SIGCONT roled is ACTIVE again and adds it back. With keepalived the
+// vrrp_script's check times out instead, and FAULT drops the VIP.
 func VIPRoledPaused(ctx context.Context, l *Lab, r *Result) {
-	if !l.Opt.VIP {
-		r.note("skipped: the lab was made without --vip")
-		return
-	}
 	const lease, margin = 5 * time.Second, time.Second // roledConfig's
-	vip := netip.MustParseAddr(VIPAddr)
-	active, other := "", ""
-	for _, h := range []string{NodeA, NodeB} {
-		if l.httpCode(Client, fmt.Sprintf("http://%s:%d/ha-health", IP(h), RoledPort), 2*time.Second) == 200 {
-			active = h
-		} else {
-			other = h
-		}
-	}
-	if active == "" || other == "" {
-		r.fail("want one ACTIVE node, got %q", active)
+	active, other, ok := l.vipActive(r)
+	if !ok {
 		return
 	}
-	hosts := map[string]*nettest.Host{}
-	for _, h := range []string{active, other, Client} {
-		nh, err := nettest.HostAt(h, "/run/netns/"+l.Net.NS(h))
-		if err != nil {
-			r.fail("namespace of %s: %v", h, err)
-			return
-		}
-		defer nh.Close()
-		hosts[h] = nh
+	w, ok := startVIPWatch(ctx, l, r)
+	if !ok {
+		return
 	}
-	if !poll(ctx, 10*time.Second, 5*time.Millisecond, func() bool { ok, _ := hosts[active].Has(vip); return ok }) {
+	if !w.heldBy(ctx, active, 30*time.Second) {
+		w.stop(l, r)
 		r.fail("the VIP is not on the ACTIVE %s", active)
-		return
-	}
-	pres := nettest.StartPresence([]*nettest.Host{hosts[active], hosts[other]}, vip)
-	arp, err := nettest.StartARP(hosts[Client], vip, 10*time.Millisecond)
-	if err != nil {
-		pres.Stop()
-		r.fail("ARP checker: %v", err)
 		return
 	}
 	// The start time of the last reading that found the VIP on the paused
 	// node: it was there at some instant after that.
-	var lastSeen time.Time
-	pctx, stopPoll := context.WithCancel(ctx)
-	polled := make(chan struct{})
-	go func() {
-		defer close(polled)
-		for pctx.Err() == nil {
-			at := time.Now()
-			if ok, _ := hosts[active].Has(vip); ok {
-				lastSeen = at
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}()
+	last := nettest.StartLastSeen(w.hosts[active], w.vip)
 	if err := l.Signal(active, ProcRoled, 19); err != nil { // SIGSTOP
-		stopPoll()
-		<-polled
-		arp.Stop()
-		pres.Stop()
+		last.Halt()
+		w.stop(l, r)
 		r.fail("SIGSTOP roled on %s: %v", active, err)
 		return
 	}
 	stopped := time.Now()
 	time.Sleep(lease + time.Second) // the pause outlasts the lease (scenario)
-	stopPoll()
-	<-polled
+	lastSeen := last.Halt()
 	_ = l.Signal(active, ProcRoled, 18) // SIGCONT
 	resumed := time.Now()
-	back := poll(ctx, 30*time.Second, 5*time.Millisecond, func() bool { ok, _ := hosts[active].Has(vip); return ok })
+	back := w.heldBy(ctx, active, 30*time.Second)
 	backAfter := time.Since(resumed)
-	arp.Stop()
-	readings, overlaps, seen := pres.Stop()
-	rounds, answered, doubles, byMAC := arp.Snapshot()
-	r.note("VIP checkers: %d address readings (by host %v), %d ARP rounds, %d answered, answers by MAC %v",
-		readings, seen, rounds, answered, byMAC)
+	w.stop(l, r)
 	r.secs("vip last seen on the paused node after SIGSTOP", lastSeen.Sub(stopped))
 	if back {
 		r.secs("vip back after SIGCONT", backAfter)
@@ -241,7 +280,178 @@ func VIPRoledPaused(ctx context.Context, l *Lab, r *Result) {
 	if !lastSeen.Before(stopped.Add(lease - margin)) {
 		r.fail("the VIP was on the stopped %s %s after SIGSTOP, past its deadline (< %s)", active, lastSeen.Sub(stopped), lease-margin)
 	}
-	if doubles != 0 || overlaps != 0 || seen[other] != 0 {
-		r.fail("the VIP elsewhere: %d double-answer rounds, %d overlaps, %d readings on %s", doubles, overlaps, seen[other], other)
+	if w.seen[other] != 0 {
+		r.fail("the VIP on %s (%d readings) while Patroni named %s", other, w.seen[other], active)
 	}
+}
+
+// vipActive finds the ACTIVE node and the other one, asked from the client.
+func (l *Lab) vipActive(r *Result) (active, other string, ok bool) {
+	for _, h := range DataNodes {
+		if l.httpCode(Client, fmt.Sprintf("http://%s:%d/ha-health", IP(h), RoledPort), 2*time.Second) == 200 {
+			active = h
+		} else {
+			other = h
+		}
+	}
+	if active == "" || other == "" {
+		r.fail("want one ACTIVE node, got %q", active)
+		return "", "", false
+	}
+	return active, other, true
+}
+
+// counts are the failed writes and double-answer ARP rounds so far: one
+// fault's own are the difference across it.
+func (w *vipWatch) counts() (failed, doubles int) {
+	w.wr.mu.Lock()
+	failed = w.wr.failed
+	w.wr.mu.Unlock()
+	_, _, doubles, _ = w.arp.Snapshot()
+	return failed, doubles
+}
+
+// faultFigures reports one fault's failed writes and double-answer rounds
+// (since counts gave f0, d0), so that repeated faults print medians and
+// ranges.
+func (w *vipWatch) faultFigures(r *Result, name string, f0, d0 int) {
+	f, d := w.counts()
+	r.fig(name+": failed writes through the VIP", float64(f-f0), "requests")
+	r.fig(name+": double-answer ARP rounds", float64(d-d0), "rounds")
+}
+
+// firstWrite reports the first write through the VIP that node
+// acknowledged after t0 (waiting up to 30 s for one).
+func (w *vipWatch) firstWrite(ctx context.Context, r *Result, name, node string, t0 time.Time) {
+	if !poll(ctx, 30*time.Second, 20*time.Millisecond, func() bool { _, ok := w.wr.firstOK(node, t0); return ok }) {
+		r.fail("%s: no write through the VIP acknowledged by %s within 30 s of its takeover", name, node)
+		return
+	}
+	first, _ := w.wr.firstOK(node, t0)
+	r.secs(name+": first write through the VIP after", first.Sub(t0))
+}
+
+// heldBy waits until the VIP is on host's interface.
+func (w *vipWatch) heldBy(ctx context.Context, host string, timeout time.Duration) bool {
+	return poll(ctx, timeout, 2*time.Millisecond, func() bool { ok, _ := w.hosts[host].Has(w.vip); return ok })
+}
+
+// vipFaults runs fault Repeat times on the node holding the VIP, with the
+// checkers running, and after each waits until the other node is primary
+// and the faulted one a ready standby again. fault returns false when it
+// has failed r and the scenario stops.
+func vipFaults(ctx context.Context, l *Lab, r *Result, what string, fault func(w *vipWatch, active, other string) bool) {
+	if !needParts(l, r, BinRoled) {
+		return
+	}
+	w, ok := startVIPWatch(ctx, l, r)
+	if !ok {
+		return
+	}
+	defer w.stop(l, r)
+	for range max(l.Opt.Repeat, 1) {
+		active, other, ok := l.vipActive(r)
+		if !ok || !w.heldBy(ctx, active, 30*time.Second) {
+			r.fail("the VIP is not on the ACTIVE node %q before the %s", active, what)
+			return
+		}
+		if !fault(w, active, other) {
+			return
+		}
+		if err := l.WaitSettled(ctx, other, 120*time.Second); err != nil {
+			r.fail("not settled after the %s of %s: %v", what, active, err)
+			return
+		}
+		if err := l.Ctl().WaitStandbyReady(ctx, active, io.Discard); err != nil {
+			r.fail("%s not ready as a standby after the %s: %v", active, what, err)
+			return
+		}
+	}
+}
+
+// VIPKill (issue 20): the ACTIVE node dies (kill -9 of everything on it and
+// its cable pulled: a dead host answers no ARP), Repeat times, each time the
+// node holding the VIP. Figures: the VIP on the survivor after the kill,
+// the first write acknowledged through the VIP after it, failed writes, and
+// whether the dead node's interface still had the VIP when the survivor
+// took it (roled's kernel lifetime removes it; a killed keepalived leaves
+// it). The node comes back as a rebooted host would: without the VIP.
+func VIPKill(ctx context.Context, l *Lab, r *Result) {
+	vipFaults(ctx, l, r, "kill", func(w *vipWatch, active, other string) bool {
+		f0, d0 := w.counts()
+		t0 := time.Now()
+		err := l.KillNode(active)
+		if err == nil {
+			err = l.Net.SetLink(active, false)
+		}
+		if err != nil {
+			r.fail("kill %s: %v", active, err)
+			return false
+		}
+		if !w.heldBy(ctx, other, 90*time.Second) {
+			r.fail("the VIP not on %s within 90 s of the kill", other)
+			return false
+		}
+		moved := time.Since(t0)
+		stale, _ := w.hosts[active].Has(w.vip)
+		r.secs("vip kill: VIP on the survivor after", moved)
+		r.note("vip kill of %s: the dead node's interface still had the VIP at the takeover: %v", active, stale)
+		if stale && l.Opt.VIPPeer == "" {
+			r.fail("the killed %s still had the VIP when %s took it (its kernel lifetime should have removed it)", active, other)
+		}
+		w.firstWrite(ctx, r, "vip kill", other, t0)
+		w.faultFigures(r, "vip kill", f0, d0)
+		// Power on: a rebooted host starts without the VIP, then its services.
+		if stale {
+			_ = l.Net.ipns(active, "addr", "del", VIPAddr+"/24", "dev", "eth0")
+		}
+		if err := l.Net.SetLink(active, true); err != nil {
+			r.fail("cable of %s: %v", active, err)
+			return false
+		}
+		if err := l.StartNode(active); err != nil {
+			r.fail("start %s: %v", active, err)
+			return false
+		}
+		return true
+	})
+}
+
+// VIPPartition (issue 20): the ACTIVE node is cut off from the other node
+// and the witness (the client still reaches it, and ARP is not filtered),
+// Repeat times. It must drop the VIP before the other node adds it.
+// Figures: the VIP last seen on the isolated node, the VIP on the other
+// node, both after the cut; failed writes. Healed after the takeover.
+func VIPPartition(ctx context.Context, l *Lab, r *Result) {
+	vipFaults(ctx, l, r, "partition", func(w *vipWatch, active, other string) bool {
+		last := nettest.StartLastSeen(w.hosts[active], w.vip)
+		f0, d0 := w.counts()
+		t0 := time.Now()
+		if err := l.Net.Partition(active, other, Witness); err != nil {
+			last.Halt()
+			r.fail("partition: %v", err)
+			return false
+		}
+		held := w.heldBy(ctx, other, 90*time.Second)
+		moved := time.Since(t0)
+		lastSeen := last.Halt()
+		if err := l.Net.Heal(active); err != nil {
+			r.fail("heal: %v", err)
+			return false
+		}
+		if !held {
+			r.fail("the VIP not on %s within 90 s of the partition", other)
+			return false
+		}
+		if !lastSeen.IsZero() {
+			r.secs("vip partition: VIP last seen on the isolated node after", lastSeen.Sub(t0))
+		}
+		r.secs("vip partition: VIP on the other node after", moved)
+		if !lastSeen.Before(t0.Add(moved)) && l.Opt.VIPPeer == "" {
+			r.fail("the isolated %s still had the VIP when %s took it", active, other)
+		}
+		w.firstWrite(ctx, r, "vip partition", other, t0)
+		w.faultFigures(r, "vip partition", f0, d0)
+		return true
+	})
 }

@@ -475,6 +475,13 @@ type LastSeen struct {
 
 // WatchLastSeen starts the poller; Halt (or the test's cleanup) ends it.
 func WatchLastSeen(t testing.TB, h *Host, ip netip.Addr) *LastSeen {
+	w := StartLastSeen(h, ip)
+	t.Cleanup(func() { w.Halt() })
+	return w
+}
+
+// StartLastSeen starts the poller (for the lab; Halt ends it).
+func StartLastSeen(h *Host, ip netip.Addr) *LastSeen {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &LastSeen{stop: cancel, done: make(chan struct{})}
 	go func() {
@@ -495,8 +502,14 @@ func WatchLastSeen(t testing.TB, h *Host, ip netip.Addr) *LastSeen {
 			}
 		}
 	}()
-	t.Cleanup(func() { w.Halt() })
 	return w
+}
+
+// Last returns the last time ip was seen so far (zero: never).
+func (w *LastSeen) Last() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.at
 }
 
 // Halt stops the poller and returns the last time ip was seen (zero: never).

@@ -150,13 +150,14 @@ func runLab(ctx context.Context, cmd string, args []string) error {
 	minutes := fs.Float64("minutes", 10, "soak: duration in minutes")
 	repeat := fs.Int("repeat", 1, "test: switchover and drill rounds per scenario (medians)")
 	vip := fs.Bool("vip", false, "roled holds the lab's VIP "+lab.VIPAddr+" on the ACTIVE node (scenario 10-vip-switchover)")
+	vipPeer := fs.String("vip-peer", "", "keepalived: keepalived's VRRP pair holds the VIP instead of roled (implies --vip; issue 20's peer)")
 	loss := fs.String("loss", "", "soak: share of packets every host drops (1%): the no-false-failover soak")
 	delay := fs.String("delay", "", "soak: one-way delay ± jitter between members (20ms±10ms): the no-false-failover soak")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
 	opt := lab.Options{Root: c.root, Tag: c.tag, BinDir: c.binDir, DCSMode: c.dcs, Hold: c.hold, RTO: c.rto, Repeat: *repeat,
-		Owned: cmd != "up", VIP: *vip, Durability: c.durability}
+		Owned: cmd != "up", VIP: *vip, VIPPeer: *vipPeer, Durability: c.durability}
 	if opt.BinDir == "" {
 		opt.BinDir = filepath.Join(c.root, "bin")
 		if c.build {

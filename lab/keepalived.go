@@ -1,0 +1,78 @@
+package lab
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+)
+
+// VIPPeerKeepalived is Options.VIPPeer's one value: keepalived holds the VIP
+// instead of roled (issue 20's peer, set up as operators do it).
+const VIPPeerKeepalived = "keepalived"
+
+// ProcKeepalived is keepalived's name in pid and log files.
+const ProcKeepalived = "keepalived"
+
+// keepalivedConfig is the VRRP pair the way operators put keepalived beside
+// a Patroni-driven application: both nodes start as BACKUP, nodea with the
+// higher priority (preempting), advert_int 1, and a vrrp_script that asks
+// the local roled whether it is ACTIVE (`hapairctl check`): a failing
+// script puts the instance in FAULT, which drops the VIP. interval 1,
+// fall 1, rise 1 is the fastest the script can be asked (operators often
+// use fall 2 / rise 2): the peer's best figures, not its typical ones.
+func keepalivedConfig(host, ctlBin string) string {
+	prio := 100
+	if host == NodeA {
+		prio = 150
+	}
+	return fmt.Sprintf(`global_defs {
+  router_id %[1]s
+  script_user root
+  enable_script_security
+}
+vrrp_script chk_hapair {
+  script "%[2]s check -q --url http://%[3]s:%[4]d --timeout 500ms"
+  interval 1
+  timeout 1
+  fall 1
+  rise 1
+}
+vrrp_instance VI_1 {
+  state BACKUP
+  interface eth0
+  virtual_router_id 51
+  priority %[5]d
+  advert_int 1
+  virtual_ipaddress {
+    %[6]s/24 dev eth0
+  }
+  track_script {
+    chk_hapair
+  }
+}
+`, host, ctlBin, IP(host), RoledPort, prio, VIPAddr)
+}
+
+// startKeepalived runs keepalived's VRRP process on a data node when the
+// lab was built with VIPPeer keepalived (no-op otherwise). Its own pid
+// files: both nodes share the mount namespace.
+func (l *Lab) startKeepalived(host string) error {
+	if l.Opt.VIPPeer != VIPPeerKeepalived {
+		return nil
+	}
+	bin, err := exec.LookPath("keepalived")
+	if err != nil {
+		return fmt.Errorf("vip peer keepalived: %w (Debian package keepalived)", err)
+	}
+	ctlBin := l.Bin(BinCtl)
+	if ctlBin == "" {
+		return fmt.Errorf("vip peer keepalived: %s not built (its vrrp_script)", BinCtl)
+	}
+	path := l.path(host, "keepalived.conf")
+	if err := os.WriteFile(path, []byte(keepalivedConfig(host, ctlBin)), 0o644); err != nil {
+		return err
+	}
+	_, err = l.Spawn(host, ProcKeepalived, baseEnv(), bin, "-n", "-l", "-D", "-P", "-f", path,
+		"-p", l.path(host, "keepalived.pid"), "-r", l.path(host, "keepalived-vrrp.pid"))
+	return err
+}
