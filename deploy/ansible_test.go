@@ -382,6 +382,9 @@ func (c *converge) rtoBudget(t *testing.T) {
 		t.Errorf("A: sync retry-min %v retry-max %v patroni.fast-poll-interval %v, want 200ms 3.2s 50ms (the budget's)",
 			sy["retry-min"], sy["retry-max"], p["fast-poll-interval"])
 	}
+	if r["etcd-leader"] != "standby" || r["etcd-member"] != r["node"] {
+		t.Errorf("A: etcd-leader %v etcd-member %v, want standby and the node's name %v", r["etcd-leader"], r["etcd-member"], r["node"])
+	}
 	lbc := readYAML(t, c.path("lb1", "etc/hapair/lb.yaml"))
 	app := lbc["backends"].([]any)[0].(map[string]any)
 	chk := app["check"].(map[string]any)

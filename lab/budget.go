@@ -115,6 +115,14 @@ func killAtRTO(ctx context.Context, l *Lab, r *Result, hostDeath bool) {
 		r.fail("%v", err)
 		return
 	}
+	// The fault strikes a redundant pair: nodeb a ready standby, and, with
+	// roled's etcd-leader standby, its member given the time to take the
+	// raft leadership (up to 3 s, not required: older roleds leave it).
+	if err := l.Ctl().WaitStandbyReady(ctx, NodeB, io.Discard); err != nil {
+		r.fail("nodeb not a ready standby before the %s: %v", fault, err)
+		return
+	}
+	poll(ctx, 3*time.Second, 50*time.Millisecond, func() bool { h, err := l.etcdLeaderHost(ctx); return err == nil && h == NodeB })
 	before, _ := l.Ctl().History(ctx)
 	pr, stop, ok := l.probesServing(ctx, r)
 	if !ok {

@@ -46,6 +46,14 @@ type Config struct {
 	// Probes overlap (quorum.go runProbes), so a healthy node stays ACTIVE
 	// while each read answers within quorum-loss-after - this interval.
 	QuorumCheckInterval time.Duration `yaml:"quorum-check-interval"`
+	// EtcdLeader: where roled wants etcd's raft leadership. "standby" (the
+	// default): a ready standby asks the leader to hand it to this node's
+	// member, so the primary's death never costs an etcd election before
+	// its Patroni key can expire (etcdlead.go). "any": roled leaves it
+	// alone. Needs three or more etcd endpoints, one per member.
+	EtcdLeader EtcdLeaderPolicy `yaml:"etcd-leader"`
+	// EtcdMember is this node's etcd member name (default: node).
+	EtcdMember string `yaml:"etcd-member"`
 
 	// Durability is the replication promise (DESIGN.md §10): async (the
 	// default: Patroni's asynchronous replication, a kill may lose the last
@@ -241,6 +249,7 @@ func DefaultConfig() Config {
 		HeartbeatInterval:   5 * time.Second,
 		QuorumLossAfter:     800 * time.Millisecond,
 		QuorumCheckInterval: 200 * time.Millisecond,
+		EtcdLeader:          EtcdLeaderStandby,
 		Etcd:                config.DefaultEtcd(),
 		Patroni: PatroniConfig{
 			URL:              "http://127.0.0.1:8008",
@@ -309,6 +318,9 @@ func (c Config) Validate() error {
 	// hapairctl plan --check applies across every file.
 	if err := budget.Check(c.Timers()); err != nil {
 		return err
+	}
+	if c.EtcdLeader != EtcdLeaderStandby && c.EtcdLeader != EtcdLeaderAny {
+		return config.Errorf("etcd-leader", c.EtcdLeader, "want %q or %q", EtcdLeaderStandby, EtcdLeaderAny)
 	}
 	if err := c.Etcd.Validate("etcd"); err != nil {
 		return err

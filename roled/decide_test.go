@@ -213,6 +213,7 @@ func TestQuorumConfig(t *testing.T) {
 		{"as long as the deadline", func(c *Config) { c.QuorumLossAfter = 4 * time.Second }, "quorum-loss-after"},
 		{"probe too slow to survive one miss", func(c *Config) { c.QuorumCheckInterval = 500 * time.Millisecond }, "quorum-check-interval"},
 		{"probe period zero", func(c *Config) { c.QuorumCheckInterval = 0 }, "quorum-check-interval"},
+		{"unknown etcd-leader word", func(c *Config) { c.EtcdLeader = "witness" }, "etcd-leader"},
 	}
 	for _, tc := range cases {
 		c := DefaultConfig()

@@ -22,6 +22,7 @@ type Metrics struct {
 	postgresErrors       prometheus.Counter
 	keepaliveFailures    prometheus.Counter
 	quorumCheckFailures  prometheus.Counter
+	etcdLeaderMoves      prometheus.Counter
 	leaseGrants          prometheus.Counter
 	etcdReadErrors       prometheus.Counter
 	hookRuns             *prometheus.CounterVec
@@ -55,6 +56,8 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Help: "Lease keep-alives that failed or timed out."}),
 		quorumCheckFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: name("quorum_check_failures_total"),
 			Help: "Linearizable quorum probes that failed or timed out (quorum-check-interval)."}),
+		etcdLeaderMoves: prometheus.NewCounter(prometheus.CounterOpts{Name: name("etcd_leader_moves_total"),
+			Help: "etcd raft leadership moved to this node's member while it was a ready standby (etcd-leader: standby)."}),
 		leaseGrants: prometheus.NewCounter(prometheus.CounterOpts{Name: name("lease_grants_total"),
 			Help: "Leases granted (1 at start, +1 for every lost lease)."}),
 		etcdReadErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: name("etcd_read_errors_total"),
@@ -106,7 +109,7 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		m.failoverRedundancy.WithLabelValues(string(k))
 	}
 	reg.MustRegister(m.transitions, m.patroniDuration, m.patroniErrors, m.postgresErrors,
-		m.keepaliveFailures, m.quorumCheckFailures, m.leaseGrants, m.etcdReadErrors, m.hookRuns, m.takeovers, m.takeoverAutoAcks,
+		m.keepaliveFailures, m.quorumCheckFailures, m.etcdLeaderMoves, m.leaseGrants, m.etcdReadErrors, m.hookRuns, m.takeovers, m.takeoverAutoAcks,
 		m.agentRequests, m.fpmErrors)
 	for _, k := range []string{"unreachable", "garbage"} {
 		m.patroniErrors.WithLabelValues(k)

@@ -80,6 +80,13 @@ func (d *Daemon) quorumLoop(ctx context.Context) error {
 			defer wg.Done()
 			d.majorityLoop(ctx, members)
 		}()
+		if d.cfg.EtcdLeader == EtcdLeaderStandby {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d.leadLoop(ctx, members)
+			}()
+		}
 	}
 	failing := false
 	probe := func(ctx context.Context) error {
