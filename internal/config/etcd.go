@@ -7,7 +7,23 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 )
+
+// reconnectBackoff caps gRPC's reconnection backoff at a second. etcd's
+// client waits for a ready connection (WaitForReady), and gRPC's default
+// backoff grows to 120 s: a client whose member was down for 20 s may stay
+// disconnected for many seconds after the member is back. roled's quorum
+// check keeps one client per member and needs a majority of them answering
+// (quorum.go): in the lab, a witness restarted just before the standby's
+// death left nodea's client to it in backoff, and nodea saw no majority.
+var reconnectBackoff = grpc.WithConnectParams(grpc.ConnectParams{
+	Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	// gRPC's floor for one connection attempt; the dial timeout bounds
+	// the first connection separately.
+	MinConnectTimeout: time.Second,
+})
 
 // Etcd is the client side of etcd, shared by roled, lb and hapairctl.
 type Etcd struct {
@@ -49,6 +65,7 @@ func (e Etcd) NewClient(lg *zap.Logger) (*clientv3.Client, error) {
 		DialTimeout:          e.DialTimeout,
 		DialKeepAliveTime:    2 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
+		DialOptions:          []grpc.DialOption{reconnectBackoff},
 		Logger:               lg,
 	}
 	if e.TLS.Enabled() {
