@@ -62,6 +62,13 @@ func TestPostgresCheck(t *testing.T) {
 	oc := startChecker(t, a)
 	a.pat.promote()
 	a.waitCode(t, 200, 10*time.Second)
+	// The checker polls on its own: the first epoch must be seen by it too
+	// before PostgreSQL stops (once, under -race, A was ACTIVE for 15 ms only).
+	waitFor(t, 5*time.Second, "the checker sees A ACTIVE", func() bool {
+		oc.mu.Lock()
+		defer oc.mu.Unlock()
+		return len(oc.first200["A"]) >= 1
+	})
 	agent("drain") // the primary leaves the replica pool
 
 	must(t, pg.Stop())
