@@ -298,7 +298,11 @@ func stepRestartLB(t *testing.T, ctx context.Context, c *Cluster, fig *figures) 
 	}
 	results := make(chan result, 4096)
 	var wg sync.WaitGroup
+	// The sender is waited for before wg.Wait: its wg.Add must not race
+	// the Wait (the race detector caught it in CI).
+	sent := make(chan struct{})
 	go func() {
+		defer close(sent)
 		tick := time.NewTicker(10 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -332,6 +336,7 @@ func stepRestartLB(t *testing.T, ctx context.Context, c *Cluster, fig *figures) 
 	fig.add("lb restart: systemctl returned", time.Since(t0))
 	time.Sleep(time.Second) // and after it
 	stop()
+	<-sent
 	wg.Wait()
 	close(results)
 	var n, failed int

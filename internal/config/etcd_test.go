@@ -11,13 +11,14 @@ import (
 	"github.com/hapair/hapair/internal/etcdtest"
 )
 
-// A client whose member was away for 30 s answers again within a second or
-// so of the member's return (reconnectBackoff), not after gRPC's default
-// backoff (by then 10–17 s between attempts). The bound is 5 s: 10 × the
-// usual figure, far below the default's.
+// A client whose member was away for 45 s answers again within a second or
+// so of the member's return (reconnectBackoff: measured 0.84 s), not after
+// gRPC's default backoff (by then 21–32 s between attempts; 11.8 s after a
+// 30 s absence). The bound, 9 s, is 10 × the measured figure and still far
+// below what the default backoff gives.
 func TestClientReconnectsSoonAfterItsMemberReturns(t *testing.T) {
 	if testing.Short() {
-		t.Skip("30 s with a member away; skipped with -short")
+		t.Skip("45 s with a member away; skipped with -short")
 	}
 	c := etcdtest.New(t, etcdtest.WithSize(1))
 	cli, err := Etcd{Endpoints: []string{c.Member(0).Endpoint()}, DialTimeout: 2 * time.Second}.NewClient(zap.NewNop())
@@ -35,7 +36,7 @@ func TestClientReconnectsSoonAfterItsMemberReturns(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Stop(0)
-	for away := time.Now(); time.Since(away) < 30*time.Second; {
+	for away := time.Now(); time.Since(away) < 45*time.Second; {
 		if get(800*time.Millisecond) == nil {
 			t.Fatal("a read succeeded while the member was stopped")
 		}
@@ -49,7 +50,7 @@ func TestClientReconnectsSoonAfterItsMemberReturns(t *testing.T) {
 	}
 	took := time.Since(back)
 	t.Logf("first answer %s after the member's return", took.Round(time.Millisecond))
-	if took > 5*time.Second {
-		t.Errorf("first answer %s after the member's return, want within 5 s", took.Round(time.Millisecond))
+	if took > 9*time.Second {
+		t.Errorf("first answer %s after the member's return, want within 9 s", took.Round(time.Millisecond))
 	}
 }
