@@ -259,7 +259,15 @@ func TestPGPrimaryLeaderKey(t *testing.T) {
 		}}}
 	l := startLB(t, cfg, nil)
 	g := l.Group("pg")
-	waitFor(t, 5*time.Second, "A eligible", func() bool { return fmt.Sprint(eligibleNames(g)) == "[A]" })
+	// A eligible on a check that came after the watcher's first sight of
+	// the key: that sight sends A back to confirmation (keyAllows), and a
+	// session dialled in that window is refused (CI hit it under -race).
+	waitFor(t, 5*time.Second, "A eligible with the key known", func() bool {
+		g.mu.Lock()
+		k := g.key
+		g.mu.Unlock()
+		return k.known && k.node == "A" && fmt.Sprint(eligibleNames(g)) == "[A]"
+	})
 	rw := l.ListenerAddr("rw").String()
 	sess, name, err := dialName(rw)
 	if err != nil || name != "A" {
