@@ -31,7 +31,11 @@ func yamlList(items []string) string { return "[" + strings.Join(items, ", ") + 
 // lbConfig follows examples/lb.yaml: the app as an active-passive group
 // behind :80 (checks on roled's /ha-health, etcd fast path) and a pg-primary
 // TCP entry point on :5000.
-func (l *Lab) lbConfig() (string, error) {
+//
+// host is LB or LB2, the balancer pair: with Options.VIP (and hapair holding
+// the VIPs) each gets a vip section for LBVIPAddr, so the pair's election
+// decides which one holds it.
+func (l *Lab) lbConfig(host string) (string, error) {
 	server := func(h string, port int, check string) string {
 		s := fmt.Sprintf("      - name: %s\n        address: %s:%d\n", h, IP(h), port)
 		if check != "" {
@@ -99,9 +103,16 @@ backends:
       fall: 2
       rise: 1
     servers:
-%[9]s`, IP(LB), LBAdminPort, yamlList(EtcdEndpoints()), LBWebPort, LBPGPort, l.Opt.Hold,
+%[9]s`, IP(host), LBAdminPort, yamlList(EtcdEndpoints()), LBWebPort, LBPGPort, l.Opt.Hold,
 		app.String(), PatroniPort, pg.String(), fast, checkPath, t.CheckInterval, t.CheckTimeout, t.CheckFall, t.CheckRise)
-	return l.writeConfig("lb.yaml", body)
+	if l.Opt.VIP && l.Opt.VIPPeer == "" {
+		body += fmt.Sprintf("vip:\n  address: %s/24\n  interface: eth0\n", LBVIPAddr)
+	}
+	name := "lb.yaml"
+	if host != LB {
+		name = host + ".yaml"
+	}
+	return l.writeConfig(name, body)
 }
 
 // witnessConfig renders host's hapair-witness config after

@@ -53,9 +53,50 @@ vrrp_instance VI_1 {
 `, host, ctlBin, IP(host), RoledPort, prio, VIPAddr)
 }
 
-// startKeepalived runs keepalived's VRRP process on a data node when the
-// lab was built with VIPPeer keepalived (no-op otherwise). Its own pid
-// files: both nodes share the mount namespace.
+// keepalivedLBConfig is the VRRP pair the way operators put keepalived in
+// front of two balancers: both BACKUP with nopreempt (a balancer that comes
+// back does not take the address back), lb with the higher priority,
+// advert_int 1, a vrrp_script that asks the local balancer's admin
+// /healthz with a 500 ms limit (interval 1, fall 1, rise 1, as for the
+// nodes), and its own virtual_router_id: the nodes' pair shares the LAN.
+func keepalivedLBConfig(host string) string {
+	prio := 100
+	if host == LB {
+		prio = 150
+	}
+	return fmt.Sprintf(`global_defs {
+  router_id %[1]s
+  script_user root
+  enable_script_security
+}
+vrrp_script chk_lb {
+  script "/usr/bin/curl -sf -m 0.5 -o /dev/null http://%[2]s:%[3]d/healthz"
+  interval 1
+  timeout 1
+  fall 1
+  rise 1
+}
+vrrp_instance VI_LB {
+  state BACKUP
+  nopreempt
+  interface eth0
+  virtual_router_id 52
+  priority %[4]d
+  advert_int 1
+  virtual_ipaddress {
+    %[5]s/24 dev eth0
+  }
+  track_script {
+    chk_lb
+  }
+}
+`, host, IP(host), LBAdminPort, prio, LBVIPAddr)
+}
+
+// startKeepalived runs keepalived's VRRP process on a data node (the
+// nodes' VIP) or on a balancer of the pair (LBVIPAddr) when the lab was
+// built with VIPPeer keepalived (no-op otherwise). Its own pid files: the
+// hosts share the mount namespace.
 func (l *Lab) startKeepalived(host string) error {
 	if l.Opt.VIPPeer != VIPPeerKeepalived {
 		return nil
@@ -68,8 +109,20 @@ func (l *Lab) startKeepalived(host string) error {
 	if ctlBin == "" {
 		return fmt.Errorf("vip peer keepalived: %s not built (its vrrp_script)", BinCtl)
 	}
+	conf := keepalivedConfig(host, ctlBin)
+	if host == LB || host == LB2 {
+		conf = keepalivedLBConfig(host)
+	}
+	// A rebooted host starts with an empty /run: no pid file of a killed
+	// keepalived (it refused to start, "daemon is already running").
+	for _, f := range []string{"keepalived.pid", "keepalived-vrrp.pid"} {
+		_ = os.Remove(l.path(host, f))
+	}
 	path := l.path(host, "keepalived.conf")
-	if err := os.WriteFile(path, []byte(keepalivedConfig(host, ctlBin)), 0o644); err != nil {
+	if err := os.MkdirAll(l.path(host), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		return err
 	}
 	_, err = l.Spawn(host, ProcKeepalived, baseEnv(), bin, "-n", "-l", "-D", "-P", "-f", path,

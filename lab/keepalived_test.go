@@ -9,16 +9,20 @@ import (
 )
 
 // keepalived itself checks the lab's VRRP configuration (keepalived -t),
-// for both nodes.
+// for both nodes and both balancers of the pair.
 func TestKeepalivedConfigParses(t *testing.T) {
 	bin, err := exec.LookPath("keepalived")
 	if err != nil {
 		t.Skip("keepalived not installed (Debian package keepalived)")
 	}
 	dir := t.TempDir()
+	confs := map[string]string{LB: keepalivedLBConfig(LB), LB2: keepalivedLBConfig(LB2)}
 	for _, h := range DataNodes {
+		confs[h] = keepalivedConfig(h, "/usr/bin/true")
+	}
+	for h, conf := range confs {
 		path := filepath.Join(dir, h+".conf")
-		if err := os.WriteFile(path, []byte(keepalivedConfig(h, "/usr/bin/true")), 0o644); err != nil {
+		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		out, err := exec.Command(bin, "-t", "-f", path).CombinedOutput()

@@ -42,7 +42,9 @@ type Options struct {
 	SelfExe string `json:"self_exe"` // the hapair-lab binary (app and fallback etcd)
 	Repeat  int    `json:"repeat"`   // switchover/drill rounds per scenario (medians), default 1
 	// VIP gives roled a vip section (VIPAddr on eth0): the service address
-	// follows ACTIVE (issue 20; scenario 10-vip-switchover).
+	// follows ACTIVE (issue 20; scenarios 10, 11, 17, 18). It also runs the
+	// balancer pair: hapair-lb on lb and lb2, LBVIPAddr held by the one
+	// that holds the pair's etcd election (scenarios 21–23).
 	VIP bool `json:"vip"`
 	// VIPPeer "keepalived" (VIPPeerKeepalived; implies VIP): keepalived's
 	// VRRP pair holds the VIP instead of roled, for the side-by-side runs.

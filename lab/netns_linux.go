@@ -32,16 +32,17 @@ const (
 	NodeB   = "nodeb"
 	Witness = "witness"
 	LB      = "lb"
+	LB2     = "lb2" // the second balancer of the pair (runs with Options.VIP)
 	Client  = "client"
 	bridge  = "sw"
 )
 
 // Hosts lists every host namespace (not the bridge) in creation order.
-var Hosts = []string{NodeA, NodeB, Witness, LB, Client}
+var Hosts = []string{NodeA, NodeB, Witness, LB, LB2, Client}
 
 var hostIP = map[string]string{
 	NodeA: Subnet + ".11", NodeB: Subnet + ".12", Witness: Subnet + ".13",
-	LB: Subnet + ".20", Client: Subnet + ".30",
+	LB: Subnet + ".20", LB2: Subnet + ".21", Client: Subnet + ".30",
 }
 
 // IP returns the lab address of host.
@@ -131,6 +132,9 @@ func (n Net) SetLink(host string, up bool) error {
 
 // Partition drops all traffic between host and each of peers, inside host's
 // namespace (both directions), like LAB.md §6. Other hosts still reach it.
+// VRRP adverts (IP protocol 112) go to a multicast group, not to a peer's
+// address, so a cut host sends none at all: the peer's keepalived hears
+// nothing, as across a real cut (ARP is not IP and is never filtered).
 // All rules go in with one iptables-restore, which commits them as one
 // transaction: the cut is one instant, as a real one is. Rule by rule, the
 // host kept its majority until the last peer's rules were in (four
@@ -141,6 +145,9 @@ func (n Net) Partition(host string, peers ...string) error {
 	rules.WriteString("*filter\n")
 	for _, p := range peers {
 		fmt.Fprintf(&rules, "-A INPUT -s %s -j DROP\n-A OUTPUT -d %s -j DROP\n", IP(p), IP(p))
+	}
+	if len(peers) > 0 {
+		rules.WriteString("-A OUTPUT -p 112 -j DROP\n")
 	}
 	rules.WriteString("COMMIT\n")
 	cmd := exec.Command("ip", "netns", "exec", n.NS(host), "iptables-restore", "-w", "--noflush")

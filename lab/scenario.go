@@ -74,6 +74,9 @@ var Scenarios = []Scenario{
 	{"11-vip-roled-paused", DCSRemote, VIPRoledPaused},
 	{"17-vip-kill", DCSRemote, VIPKill},
 	{"18-vip-partition", DCSRemote, VIPPartition},
+	{"21-lb-vip-kill", DCSRemote, LBVIPKill},
+	{"22-lb-vip-partition", DCSRemote, LBVIPPartition},
+	{"23-lb-vip-paused", DCSRemote, LBVIPPaused},
 	{"12-primary-dies-during-rewind", DCSRemote, PrimaryDiesDuringRewind},
 	{"15-kill", DCSRemote, KillAtRTO},            // the lab's own timers: 13's comparison point
 	{"20-host-death", DCSRemote, HostDeathAtRTO}, // and 19's
@@ -101,8 +104,9 @@ func asyncRun(o Options) bool { return roled.Durability(o.Durability) == roled.D
 // the frozen-Patroni scenario is not among them, because in sync mode
 // Patroni 3.0.2 takes the leader key back after SIGCONT as in async mode
 // (the takeover guard holds, README), so it shows nothing of sync's own.
-// Then the VIP scenarios with keepalived holding the VIP (issue 20's peer,
-// side by side with the same checkers), on a run with --vip.
+// Then the VIP scenarios with keepalived holding the VIPs (issue 20's peer,
+// side by side with the same checkers; the nodes' VIP and the balancer
+// pair's), on a run with --vip.
 var Groups = []Group{
 	{"sync", durability("sync"), asyncRun, []Scenario{
 		{"1-bootstrap", DCSRemote, Bootstrap},
@@ -120,6 +124,9 @@ var Groups = []Group{
 			{"11-vip-roled-paused", DCSRemote, VIPRoledPaused},
 			{"17-vip-kill", DCSRemote, VIPKill},
 			{"18-vip-partition", DCSRemote, VIPPartition},
+			{"21-lb-vip-kill", DCSRemote, LBVIPKill},
+			{"22-lb-vip-partition", DCSRemote, LBVIPPartition},
+			{"23-lb-vip-paused", DCSRemote, LBVIPPaused},
 		}},
 }
 
@@ -433,7 +440,7 @@ func (l *Lab) lbDualActive(backend string) (float64, error) {
 // follows (step-down with a hold only).
 func (l *Lab) SetHold(ctx context.Context, hold string) error {
 	l.Opt.Hold = hold
-	if _, err := l.lbConfig(); err != nil {
+	if _, err := l.lbConfig(LB); err != nil {
 		return err
 	}
 	if err := l.writeCtlConfig(); err != nil {

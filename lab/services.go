@@ -109,18 +109,30 @@ func (l *Lab) startRoled(host string) error {
 	return err
 }
 
-// startLB runs hapair-lb in the lb namespace when it was built.
-func (l *Lab) startLB() error {
+// startLB runs hapair-lb on host (LB, or LB2 of the pair) when it was
+// built, and keepalived beside it when keepalived holds the VIPs.
+func (l *Lab) startLB(host string) error {
 	bin := l.Bin(BinLB)
 	if bin == "" {
 		return nil
 	}
-	cfg, err := l.lbConfig()
+	cfg, err := l.lbConfig(host)
 	if err != nil {
 		return err
 	}
-	_, err = l.Spawn(LB, ProcLB, baseEnv(), bin, "--config", cfg)
-	return err
+	if _, err = l.Spawn(host, ProcLB, baseEnv(), bin, "--config", cfg); err != nil {
+		return err
+	}
+	return l.startKeepalived(host)
+}
+
+// balancers are the hosts that run hapair-lb: LB, and with Options.VIP the
+// pair's LB2 (issue 20's balancer pair behind LBVIPAddr).
+func (l *Lab) balancers() []string {
+	if l.Opt.VIP {
+		return []string{LB, LB2}
+	}
+	return []string{LB}
 }
 
 // Up creates the lab and starts everything, in LAB.md's order: etcd, the
@@ -185,8 +197,10 @@ func (l *Lab) Up(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := l.startLB(); err != nil {
-		return err
+	for _, h := range l.balancers() {
+		if err := l.startLB(h); err != nil {
+			return err
+		}
 	}
 	if err := l.WaitSettled(ctx, NodeA, 60*time.Second); err != nil {
 		return err
@@ -288,8 +302,8 @@ func (l *Lab) StartNode(host string) error {
 	switch host {
 	case Witness:
 		return l.startEtcd(host)
-	case LB:
-		return l.startLB()
+	case LB, LB2:
+		return l.startLB(host)
 	case NodeA, NodeB:
 		if err := l.removeStalePostmaster(host); err != nil {
 			return err

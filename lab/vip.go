@@ -11,15 +11,33 @@ import (
 	"github.com/hapair/hapair/internal/nettest"
 )
 
-// VIPAddr is the lab's floating service address (Options.VIP).
-const VIPAddr = Subnet + ".100"
+// VIPAddr is the lab's floating service address (Options.VIP), on the
+// ACTIVE data node; LBVIPAddr the balancer pair's, on the balancer that
+// holds the pair's election (or keepalived's VRRP master).
+const (
+	VIPAddr   = Subnet + ".100"
+	LBVIPAddr = Subnet + ".101"
+)
+
+// vipShape is what a vipWatch watches: the address, the two hosts that
+// may hold it, the port the writer sends /write to through it.
+type vipShape struct {
+	addr    string
+	holders [2]string
+	port    int
+}
+
+var (
+	nodesVIP = vipShape{VIPAddr, [2]string{NodeA, NodeB}, AppPort}
+	lbVIP    = vipShape{LBVIPAddr, [2]string{LB, LB2}, LBWebPort}
+)
 
 // VIPSwitchover (issue 20): with --vip the service address follows ACTIVE
 // through planned switchovers both ways (Repeat rounds). Figures: the VIP's
 // arrival after the new ACTIVE serves 200, and vipWatch's (double-answer
 // rounds must be 0).
 func VIPSwitchover(ctx context.Context, l *Lab, r *Result) {
-	w, ok := startVIPWatch(ctx, l, r)
+	w, ok := startVIPWatch(ctx, l, r, nodesVIP)
 	if !ok {
 		return
 	}
@@ -38,11 +56,12 @@ func VIPSwitchover(ctx context.Context, l *Lab, r *Result) {
 
 // vipWatch is every VIP scenario's checkers, from the client's side of the
 // LAN: an ARP request for the VIP every 10 ms (every MAC that answers is
-// recorded), the address polled on both nodes, and a write through the VIP
-// every 20 ms.
+// recorded), the address polled on both hosts that may hold it, and a
+// write through the VIP every 20 ms.
 type vipWatch struct {
+	shape      vipShape
 	vip        netip.Addr
-	hosts      map[string]*nettest.Host // nodea, nodeb, client
+	hosts      map[string]*nettest.Host // the two holders, client
 	pres       *nettest.Presence
 	arp        *nettest.ARPWatch
 	wr         *vipWriter
@@ -54,13 +73,13 @@ type vipWatch struct {
 
 // startVIPWatch starts the checkers; false (r failed or skipped) when
 // they cannot run.
-func startVIPWatch(ctx context.Context, l *Lab, r *Result) (*vipWatch, bool) {
+func startVIPWatch(ctx context.Context, l *Lab, r *Result, shape vipShape) (*vipWatch, bool) {
 	if !l.Opt.VIP {
 		r.note("skipped: the lab was made without --vip")
 		return nil, false
 	}
-	w := &vipWatch{vip: netip.MustParseAddr(VIPAddr), hosts: map[string]*nettest.Host{}}
-	for _, h := range []string{NodeA, NodeB, Client} {
+	w := &vipWatch{shape: shape, vip: netip.MustParseAddr(shape.addr), hosts: map[string]*nettest.Host{}}
+	for _, h := range []string{shape.holders[0], shape.holders[1], Client} {
 		nh, err := nettest.HostAt(h, "/run/netns/"+l.Net.NS(h))
 		if err != nil {
 			w.closeHosts()
@@ -69,7 +88,7 @@ func startVIPWatch(ctx context.Context, l *Lab, r *Result) (*vipWatch, bool) {
 		}
 		w.hosts[h] = nh
 	}
-	w.pres = nettest.StartPresence([]*nettest.Host{w.hosts[NodeA], w.hosts[NodeB]}, w.vip)
+	w.pres = nettest.StartPresence([]*nettest.Host{w.hosts[shape.holders[0]], w.hosts[shape.holders[1]]}, w.vip)
 	arp, err := nettest.StartARP(w.hosts[Client], w.vip, 10*time.Millisecond)
 	if err != nil {
 		w.pres.Stop()
@@ -79,7 +98,7 @@ func startVIPWatch(ctx context.Context, l *Lab, r *Result) (*vipWatch, bool) {
 	}
 	w.arp = arp
 	wctx, cancel := context.WithCancel(ctx)
-	w.wr, w.stopWriter, w.wdone = &vipWriter{byNode: map[string]int{}}, cancel, make(chan struct{})
+	w.wr, w.stopWriter, w.wdone = &vipWriter{url: fmt.Sprintf("http://%s:%d/write", shape.addr, shape.port), byNode: map[string]int{}}, cancel, make(chan struct{})
 	go func() { defer close(w.wdone); w.wr.run(wctx, l) }()
 	return w, true
 }
@@ -97,32 +116,36 @@ func (w *vipWatch) stop(l *Lab, r *Result) {
 	w.stopWriter()
 	<-w.wdone
 	wr := w.wr
-	r.note("writes through the VIP (client -> %s:%d/write every 20 ms, new connection each): %d ok, %d failed, failures from first to last %s, by node %v",
-		VIPAddr, AppPort, wr.ok, wr.failed, wr.lastFail.Sub(wr.firstFail).Round(time.Millisecond), wr.byNode)
+	r.note("writes through the VIP (client -> %s every 20 ms, new connection each): %d ok, %d failed, failures from first to last %s, by node %v",
+		wr.url, wr.ok, wr.failed, wr.lastFail.Sub(wr.firstFail).Round(time.Millisecond), wr.byNode)
 	r.fig("vip writes failed", float64(wr.failed), "requests")
 	w.arp.Stop()
 	readings, overlaps, seen := w.pres.Stop()
 	rounds, answered, doubles, byMAC := w.arp.Snapshot()
 	w.byMAC, w.seen = byMAC, seen
 	w.closeHosts()
-	r.note("VIP checkers (VIP held by %s): %d address readings (by host %v), %d ARP rounds, %d answered, answers by MAC %v",
-		l.vipHolder(), readings, seen, rounds, answered, byMAC)
+	r.note("VIP checkers (%s held by %s): %d address readings (by host %v), %d ARP rounds, %d answered, answers by MAC %v",
+		w.shape.addr, l.vipHolder(w.shape), readings, seen, rounds, answered, byMAC)
 	r.fig("vip double-answer ARP rounds", float64(doubles), "rounds")
-	r.fig("vip on both nodes (address readings)", float64(overlaps), "readings")
+	r.fig("vip on both hosts (address readings)", float64(overlaps), "readings")
 	if doubles == 0 && overlaps == 0 {
 		return
 	}
 	if l.Opt.VIPPeer != "" {
-		r.note("%s: the VIP on two nodes at once: %d double-answer ARP rounds (10 ms), %d address overlaps", l.Opt.VIPPeer, doubles, overlaps)
+		r.note("%s: the VIP on two hosts at once: %d double-answer ARP rounds (10 ms), %d address overlaps", l.Opt.VIPPeer, doubles, overlaps)
 		return
 	}
-	r.fail("the VIP on two nodes at once: %d double-answer ARP rounds, %d address overlaps", doubles, overlaps)
+	r.fail("the VIP on two hosts at once: %d double-answer ARP rounds, %d address overlaps", doubles, overlaps)
 }
 
-// vipHolder names what holds the lab's VIP: roled, or the peer.
-func (l *Lab) vipHolder() string {
-	if l.Opt.VIPPeer != "" {
+// vipHolder names what holds the shape's VIP: roled or hapair-lb, or the
+// peer.
+func (l *Lab) vipHolder(shape vipShape) string {
+	switch {
+	case l.Opt.VIPPeer != "":
 		return l.Opt.VIPPeer
+	case shape.addr == LBVIPAddr:
+		return BinLB
 	}
 	return "roled"
 }
@@ -173,6 +196,7 @@ func vipSwitchoverOnce(ctx context.Context, l *Lab, r *Result, h *nettest.Host, 
 // vipWriter sends the app's /write through the VIP, as a client of a
 // two-node site without a balancer would.
 type vipWriter struct {
+	url                 string // .../write, through the VIP
 	mu                  sync.Mutex
 	ok, failed          int
 	firstFail, lastFail time.Time
@@ -199,7 +223,7 @@ func (w *vipWriter) run(ctx context.Context, l *Lab) {
 		id++
 		var res WriteResult
 		sent := time.Now()
-		err := l.getJSON(Client, fmt.Sprintf("http://%s:%d/write?id=%d", VIPAddr, AppPort, id), time.Second, &res)
+		err := l.getJSON(Client, fmt.Sprintf("%s?id=%d", w.url, id), time.Second, &res)
 		if ctx.Err() != nil {
 			return
 		}
@@ -245,7 +269,7 @@ func VIPRoledPaused(ctx context.Context, l *Lab, r *Result) {
 	if !ok {
 		return
 	}
-	w, ok := startVIPWatch(ctx, l, r)
+	w, ok := startVIPWatch(ctx, l, r, nodesVIP)
 	if !ok {
 		return
 	}
@@ -344,7 +368,7 @@ func vipFaults(ctx context.Context, l *Lab, r *Result, what string, fault func(w
 	if !needParts(l, r, BinRoled) {
 		return
 	}
-	w, ok := startVIPWatch(ctx, l, r)
+	w, ok := startVIPWatch(ctx, l, r, nodesVIP)
 	if !ok {
 		return
 	}
