@@ -25,13 +25,8 @@ func keepalivedConfig(host, ctlBin string) string {
 	if host == NodeA {
 		prio = 150
 	}
-	return fmt.Sprintf(`global_defs {
-  router_id %[1]s
-  script_user root
-  enable_script_security
-}
-vrrp_script chk_hapair {
-  script "%[2]s check -q --url http://%[3]s:%[4]d --timeout 500ms"
+	return keepalivedGlobals(host) + fmt.Sprintf(`vrrp_script chk_hapair {
+  script "%[1]s check -q --url http://%[2]s:%[3]d --timeout 500ms"
   interval 1
   timeout 1
   fall 1
@@ -41,16 +36,16 @@ vrrp_instance VI_1 {
   state BACKUP
   interface eth0
   virtual_router_id 51
-  priority %[5]d
+  priority %[4]d
   advert_int 1
   virtual_ipaddress {
-    %[6]s/24 dev eth0
+    %[5]s/24 dev eth0
   }
   track_script {
     chk_hapair
   }
 }
-`, host, ctlBin, IP(host), RoledPort, prio, VIPAddr)
+`, ctlBin, IP(host), RoledPort, prio, VIPAddr)
 }
 
 // keepalivedLBConfig is the VRRP pair the way operators put keepalived in
@@ -64,13 +59,8 @@ func keepalivedLBConfig(host string) string {
 	if host == LB {
 		prio = 150
 	}
-	return fmt.Sprintf(`global_defs {
-  router_id %[1]s
-  script_user root
-  enable_script_security
-}
-vrrp_script chk_lb {
-  script "/usr/bin/curl -sf -m 0.5 -o /dev/null http://%[2]s:%[3]d/healthz"
+	return keepalivedGlobals(host) + fmt.Sprintf(`vrrp_script chk_lb {
+  script "/usr/bin/curl -sf -m 0.5 -o /dev/null http://%[1]s:%[2]d/healthz"
   interval 1
   timeout 1
   fall 1
@@ -81,16 +71,16 @@ vrrp_instance VI_LB {
   nopreempt
   interface eth0
   virtual_router_id 52
-  priority %[4]d
+  priority %[3]d
   advert_int 1
   virtual_ipaddress {
-    %[5]s/24 dev eth0
+    %[4]s/24 dev eth0
   }
   track_script {
     chk_lb
   }
 }
-`, host, IP(host), LBAdminPort, prio, LBVIPAddr)
+`, IP(host), LBAdminPort, prio, LBVIPAddr)
 }
 
 // startKeepalived runs keepalived's VRRP process on a data node (the
@@ -128,4 +118,10 @@ func (l *Lab) startKeepalived(host string) error {
 	_, err = l.Spawn(host, ProcKeepalived, baseEnv(), bin, "-n", "-l", "-D", "-P", "-f", path,
 		"-p", l.path(host, "keepalived.pid"), "-r", l.path(host, "keepalived-vrrp.pid"))
 	return err
+}
+
+// keepalivedGlobals is both pairs' global_defs: scripts run as root, and
+// keepalived refuses scripts that others could change.
+func keepalivedGlobals(host string) string {
+	return fmt.Sprintf("global_defs {\n  router_id %s\n  script_user root\n  enable_script_security\n}\n", host)
 }

@@ -151,18 +151,7 @@ func LBVIPKill(ctx context.Context, l *Lab, r *Result) {
 			r.fail("the killed %s still had the VIP when %s took it (its kernel lifetime should have removed it)", holder, standby)
 		}
 		w.firstWrite(ctx, r, "lb vip kill", active, t0)
-		if stale {
-			_ = l.Net.ipns(holder, "addr", "del", LBVIPAddr+"/24", "dev", "eth0")
-		}
-		if err := l.Net.SetLink(holder, true); err != nil {
-			r.fail("cable of %s: %v", holder, err)
-			return false
-		}
-		if err := l.StartNode(holder); err != nil {
-			r.fail("start %s: %v", holder, err)
-			return false
-		}
-		return true
+		return w.powerOn(l, r, holder)
 	})
 }
 
@@ -196,14 +185,7 @@ func LBVIPPartition(ctx context.Context, l *Lab, r *Result) {
 			r.fail("the balancer VIP not on %s within 30 s of the partition of %s", standby, holder)
 			return false
 		}
-		if !lastSeen.IsZero() {
-			r.secs("lb vip partition: VIP last seen on the cut balancer after", lastSeen.Sub(t0))
-		}
-		r.secs("lb vip partition: VIP on the other balancer after", moved)
-		if !lastSeen.Before(t0.Add(moved)) && l.Opt.VIPPeer == "" {
-			r.fail("the cut %s still had the VIP when %s took it", holder, standby)
-		}
-		w.firstWrite(ctx, r, "lb vip partition", active, t0)
+		w.handoff(ctx, l, r, handoff{"lb vip partition", "cut balancer", "other balancer", holder, standby, active, t0, lastSeen, moved})
 		return true
 	})
 }
@@ -237,14 +219,7 @@ func LBVIPPaused(ctx context.Context, l *Lab, r *Result) {
 			r.fail("the balancer VIP not on %s within %s of the SIGSTOP of %s's hapair-lb", standby, lbPauseFor, holder)
 			return false
 		}
-		if !lastSeen.IsZero() {
-			r.secs("lb vip pause: VIP last seen on the paused balancer after", lastSeen.Sub(t0))
-		}
-		r.secs("lb vip pause: VIP on the other balancer after", moved)
-		if !lastSeen.Before(t0.Add(moved)) && l.Opt.VIPPeer == "" {
-			r.fail("the paused %s still had the VIP when %s took it", holder, standby)
-		}
-		w.firstWrite(ctx, r, "lb vip pause", active, t0)
+		w.handoff(ctx, l, r, handoff{"lb vip pause", "paused balancer", "other balancer", holder, standby, active, t0, lastSeen, moved})
 		return true
 	})
 }

@@ -425,20 +425,26 @@ func VIPKill(ctx context.Context, l *Lab, r *Result) {
 		}
 		w.firstWrite(ctx, r, "vip kill", other, t0)
 		w.faultFigures(r, "vip kill", f0, d0)
-		// Power on: a rebooted host starts without the VIP, then its services.
-		if stale {
-			_ = l.Net.ipns(active, "addr", "del", VIPAddr+"/24", "dev", "eth0")
-		}
-		if err := l.Net.SetLink(active, true); err != nil {
-			r.fail("cable of %s: %v", active, err)
-			return false
-		}
-		if err := l.StartNode(active); err != nil {
-			r.fail("start %s: %v", active, err)
-			return false
-		}
-		return true
+		return w.powerOn(l, r, active)
 	})
+}
+
+// powerOn brings a killed host back as a rebooted one: without the VIP (a
+// killed keepalived leaves it on the interface), cable in, its services
+// started. false: r failed.
+func (w *vipWatch) powerOn(l *Lab, r *Result, host string) bool {
+	if stale, _ := w.hosts[host].Has(w.vip); stale {
+		_ = l.Net.ipns(host, "addr", "del", w.shape.addr+"/24", "dev", "eth0")
+	}
+	if err := l.Net.SetLink(host, true); err != nil {
+		r.fail("cable of %s: %v", host, err)
+		return false
+	}
+	if err := l.StartNode(host); err != nil {
+		r.fail("start %s: %v", host, err)
+		return false
+	}
+	return true
 }
 
 // VIPPartition (issue 20): the ACTIVE node is cut off from the other node
@@ -467,15 +473,34 @@ func VIPPartition(ctx context.Context, l *Lab, r *Result) {
 			r.fail("the VIP not on %s within 90 s of the partition", other)
 			return false
 		}
-		if !lastSeen.IsZero() {
-			r.secs("vip partition: VIP last seen on the isolated node after", lastSeen.Sub(t0))
-		}
-		r.secs("vip partition: VIP on the other node after", moved)
-		if !lastSeen.Before(t0.Add(moved)) && l.Opt.VIPPeer == "" {
-			r.fail("the isolated %s still had the VIP when %s took it", active, other)
-		}
-		w.firstWrite(ctx, r, "vip partition", other, t0)
+		w.handoff(ctx, l, r, handoff{"vip partition", "isolated node", "other node", active, other, other, t0, lastSeen, moved})
 		w.faultFigures(r, "vip partition", f0, d0)
 		return true
 	})
+}
+
+// handoff is one fault's move of the VIP from the faulted host to the
+// other: t0 the fault, lastSeen the start of the last reading that found
+// the VIP on the faulted host (zero: none after t0), moved the VIP's
+// arrival on the other host after t0. writer is the node whose app
+// answers writes after the move.
+type handoff struct {
+	name, faultedIs, otherIs string // figure names: "<name>: VIP last seen on the <faultedIs> after"
+	faulted, other, writer   string
+	t0, lastSeen             time.Time
+	moved                    time.Duration
+}
+
+// handoff reports h's figures and the first write after it; with hapair
+// holding the VIP, the faulted host still holding it when the other took
+// it fails the scenario.
+func (w *vipWatch) handoff(ctx context.Context, l *Lab, r *Result, h handoff) {
+	if !h.lastSeen.IsZero() {
+		r.secs(h.name+": VIP last seen on the "+h.faultedIs+" after", h.lastSeen.Sub(h.t0))
+	}
+	r.secs(h.name+": VIP on the "+h.otherIs+" after", h.moved)
+	if !h.lastSeen.Before(h.t0.Add(h.moved)) && l.Opt.VIPPeer == "" {
+		r.fail("the %s %s still had the VIP when %s took it", h.faultedIs, h.faulted, h.other)
+	}
+	w.firstWrite(ctx, r, h.name, h.writer, h.t0)
 }
