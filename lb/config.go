@@ -100,9 +100,10 @@ type BackendConfig struct {
 	FastInterval          time.Duration  `yaml:"fast-interval"`
 	ConnectTimeout        time.Duration  `yaml:"connect-timeout"`
 	ResponseHeaderTimeout time.Duration  `yaml:"response-header-timeout"`
-	ReadTimeout           time.Duration  `yaml:"read-timeout"` // between two reads of a response body
-	IdleConns             int            `yaml:"idle-conns"`
-	IdleConnTimeout       time.Duration  `yaml:"idle-conn-timeout"`
+	ReadTimeout           time.Duration  `yaml:"read-timeout"`         // between two reads of a response body
+	IdleConns             int            `yaml:"idle-conns"`           // idle keep-alive connections kept per server (64)
+	IdleConnTimeout       time.Duration  `yaml:"idle-conn-timeout"`    // longest a pooled connection stays idle (30s)
+	IdleSurplusTimeout    *time.Duration `yaml:"idle-surplus-timeout"` // beyond idle-conns, kept this long after a burst (nil = 5s; 0: closed at once)
 	Check                 CheckConfig    `yaml:"check"`
 	Servers               []ServerConfig `yaml:"servers"`
 }
@@ -368,6 +369,13 @@ func (b *BackendConfig) validate(p string, haveEtcd bool) error {
 	}
 	setDefault(&b.IdleConns, 64)
 	setDefaultDur(&b.IdleConnTimeout, 30*time.Second)
+	if b.IdleSurplusTimeout == nil {
+		d := 5 * time.Second // HAProxy's pool-purge-delay
+		b.IdleSurplusTimeout = &d
+	}
+	if *b.IdleSurplusTimeout < 0 {
+		return config.Errorf(p+".idle-surplus-timeout", *b.IdleSurplusTimeout, "must not be negative (0 closes them at once)")
+	}
 	if b.EtcdFastPath && !haveEtcd {
 		return config.Errorf(p+".etcd-fast-path", b.EtcdFastPath, "needs etcd.endpoints")
 	}

@@ -37,6 +37,7 @@ func TestValidateNamesField(t *testing.T) {
 			c.Backends[0].Check = CheckConfig{Enabled: &on, Interval: time.Second, Timeout: 2 * time.Second}
 		}},
 		{"backends[0].hold-timeout", func(c *Config) { c.Backends[0].HoldTimeout = durPtr(-time.Second) }},
+		{"backends[0].idle-surplus-timeout", func(c *Config) { c.Backends[0].IdleSurplusTimeout = durPtr(-time.Second) }},
 		{"backends[0].etcd-fast-path", func(c *Config) { c.Backends[0].EtcdFastPath = true }},
 		{"etcd.endpoints[0]", func(c *Config) { c.Etcd.Endpoints = []string{"10.0.0.1:2379"} }},
 		{"backends[0].check.enabled", func(c *Config) {

@@ -92,7 +92,7 @@ func newServer(cfg ServerConfig, g *Group) *Server {
 		sessions:   map[*tcpSession]struct{}{},
 	}
 	if g.cfg.Kind == KindActivePassive || g.cfg.Kind == KindPool {
-		s.pool = newConnPool(g.cfg.IdleConns, g.cfg.IdleConnTimeout)
+		s.pool = newConnPool(g.cfg.IdleConns, g.cfg.IdleConnTimeout, *g.cfg.IdleSurplusTimeout)
 	}
 	if !g.cfg.Check.ChecksEnabled() {
 		s.up.Store(true)
@@ -238,27 +238,43 @@ type idleConn struct {
 }
 
 // connPool keeps idle keep-alive connections to one server, newest first.
+//
+// It keeps max of them for up to timeout (idle-conns, idle-conn-timeout).
+// Connections beyond max that come back after a burst are kept too, for
+// surplus (idle-surplus-timeout) since they went idle, then closed oldest
+// first. Why: with more requests in flight than max (1,000 clients), closing
+// every connection beyond max at once, as nginx's `keepalive N` does, means
+// the next wave dials again; those dials leave the event loop for the
+// goroutine path and were what made the 1,000-connection tail 2× nginx's.
+// HAProxy keeps such connections too (pool-purge-delay, 5 s).
 type connPool struct {
 	mu      sync.Mutex
-	idle    []idleConn
+	idle    []idleConn // oldest first
 	max     int
 	timeout time.Duration
+	surplus time.Duration
 	closed  bool
+	// The trim timer, armed while connections are idle, for the earliest
+	// time one of them is due to close (at).
+	timer *time.Timer
+	at    time.Time
+	now   func() time.Time // time.Now; tests set a clock
 }
 
-func newConnPool(max int, timeout time.Duration) *connPool {
-	return &connPool{max: max, timeout: timeout}
+func newConnPool(max int, timeout, surplus time.Duration) *connPool {
+	return &connPool{max: max, timeout: timeout, surplus: surplus, now: time.Now}
 }
 
 // get returns the most recently used idle connection that has not expired.
 func (p *connPool) get() *backendConn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	now := p.now()
 	for n := len(p.idle); n > 0; n = len(p.idle) {
 		ic := p.idle[n-1]
 		p.idle[n-1] = idleConn{}
 		p.idle = p.idle[:n-1]
-		if time.Since(ic.idleAt) < p.timeout {
+		if now.Sub(ic.idleAt) < p.timeout {
 			return ic.bc
 		}
 		ic.bc.close()
@@ -270,12 +286,13 @@ func (p *connPool) get() *backendConn {
 // watches (the event loop can use it without moving it).
 func (p *connPool) getFor(pw *poller) *backendConn {
 	p.mu.Lock()
+	now := p.now()
 	for i := len(p.idle) - 1; i >= 0; i-- {
 		ic := p.idle[i]
 		if ic.bc.sock.pw != pw {
 			continue
 		}
-		if time.Since(ic.idleAt) >= p.timeout {
+		if now.Sub(ic.idleAt) >= p.timeout {
 			break // get drops it and the older ones
 		}
 		p.idle = slices.Delete(p.idle, i, i+1)
@@ -286,20 +303,89 @@ func (p *connPool) getFor(pw *poller) *backendConn {
 	return p.get()
 }
 
-// put returns a healthy connection to the pool, or closes it when full.
+// put returns a healthy connection to the pool, or closes it when the pool
+// is full and keeps no surplus.
 func (p *connPool) put(bc *backendConn) {
+	at := bc.sock.now // read when the response was awaited: recent enough
 	p.mu.Lock()
-	if p.closed || len(p.idle) >= p.max {
+	if at.IsZero() {
+		at = p.now()
+	}
+	if p.closed || len(p.idle) >= p.max && p.surplus <= 0 {
 		p.mu.Unlock()
 		bc.close()
 		return
 	}
-	at := bc.sock.now // read when the response was awaited: recent enough
-	if at.IsZero() {
-		at = time.Now()
-	}
 	p.idle = append(p.idle, idleConn{bc: bc, idleAt: at})
+	drop := p.trimLocked(at)
+	p.armLocked(at)
 	p.mu.Unlock()
+	closeIdle(drop)
+}
+
+// dueLocked is when the oldest idle connection is to close: idle-conn-timeout
+// after it went idle, or idle-surplus-timeout while more than max are idle.
+func (p *connPool) dueLocked() time.Time {
+	oldest := p.idle[0].idleAt
+	if len(p.idle) > p.max {
+		return oldest.Add(min(p.surplus, p.timeout))
+	}
+	return oldest.Add(p.timeout)
+}
+
+// trimLocked takes out the connections due to close at now, oldest first,
+// and returns them for closeIdle (closed outside the lock).
+func (p *connPool) trimLocked(now time.Time) []idleConn {
+	n := 0
+	for n < len(p.idle) {
+		age := now.Sub(p.idle[n].idleAt)
+		if age < p.timeout && (len(p.idle)-n <= p.max || age < p.surplus) {
+			break
+		}
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	drop := slices.Clone(p.idle[:n])
+	clear(p.idle[:n])
+	p.idle = append(p.idle[:0], p.idle[n:]...)
+	return drop
+}
+
+// armLocked sets the trim timer for the next connection due, if sooner than
+// it is set for.
+func (p *connPool) armLocked(now time.Time) {
+	if len(p.idle) == 0 || p.closed {
+		return
+	}
+	due := p.dueLocked()
+	if p.timer != nil && !p.at.IsZero() && !due.Before(p.at) {
+		return
+	}
+	p.at = due
+	if p.timer == nil {
+		p.timer = time.AfterFunc(due.Sub(now), p.onTimer)
+		return
+	}
+	p.timer.Reset(due.Sub(now))
+}
+
+// onTimer closes what is due and sets the timer for the next one.
+func (p *connPool) onTimer() {
+	p.mu.Lock()
+	now := p.now()
+	p.at = time.Time{}
+	drop := p.trimLocked(now)
+	p.armLocked(now)
+	p.mu.Unlock()
+	closeIdle(drop)
+}
+
+func closeIdle(list []idleConn) {
+	for _, ic := range list {
+		ic.bc.close()
+	}
 }
 
 // closeAll drops every idle connection (server removed or marked down).
@@ -309,9 +395,10 @@ func (p *connPool) closeAll(final bool) {
 	p.idle = nil
 	if final {
 		p.closed = true
+		if p.timer != nil {
+			p.timer.Stop()
+		}
 	}
 	p.mu.Unlock()
-	for _, ic := range list {
-		ic.bc.close()
-	}
+	closeIdle(list)
 }
