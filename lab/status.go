@@ -5,12 +5,15 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/hapair/hapair/internal/nettest"
 )
 
 // NodeAction runs one fault or repair on a host (the drill's pluggable
@@ -73,7 +76,7 @@ func (l *Lab) PrintStatus(ctx context.Context, w io.Writer) error {
 
 func (l *Lab) printOwnStatus(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tPROCESSES\tPATRONI\tROLE\tAPP")
+	fmt.Fprintln(tw, "HOST\tPROCESSES\tPATRONI\tROLE\tAPP\tVIP")
 	for _, h := range Hosts {
 		procs := ""
 		for _, p := range []string{ProcEtcd, ProcPatroni, ProcRoled, ProcApp, ProcLB} {
@@ -101,7 +104,7 @@ func (l *Lab) printOwnStatus(w io.Writer) error {
 				app = "up"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.Net.NS(h), procs, pat, role, app)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", l.Net.NS(h), procs, pat, role, app, l.vipsOn(h))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -110,6 +113,26 @@ func (l *Lab) printOwnStatus(w io.Writer) error {
 		fmt.Fprintf(w, "not built (lab runs without): %v\n", m)
 	}
 	return nil
+}
+
+// vipsOn lists which of the lab's floating addresses (the nodes' VIP, the
+// balancer pair's) are on h's interfaces now, or "-".
+func (l *Lab) vipsOn(h string) string {
+	nh, err := nettest.HostAt(h, "/run/netns/"+l.Net.NS(h))
+	if err != nil {
+		return "?"
+	}
+	defer nh.Close()
+	var on []string
+	for _, a := range []string{VIPAddr, LBVIPAddr} {
+		if ok, _ := nh.Has(netip.MustParseAddr(a)); ok {
+			on = append(on, a)
+		}
+	}
+	if len(on) == 0 {
+		return "-"
+	}
+	return strings.Join(on, ",")
 }
 
 // logTail returns the last n bytes of a lab log, for error reports.

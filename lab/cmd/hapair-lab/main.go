@@ -149,7 +149,7 @@ func runLab(ctx context.Context, cmd string, args []string) error {
 	runRe := fs.String("run", "", "test: scenarios to run (regexp on the name)")
 	minutes := fs.Float64("minutes", 10, "soak: duration in minutes")
 	repeat := fs.Int("repeat", 1, "test: switchover and drill rounds per scenario (medians)")
-	vip := fs.Bool("vip", false, "roled holds the lab's VIP "+lab.VIPAddr+" on the ACTIVE node (scenario 10-vip-switchover)")
+	vip := fs.Bool("vip", false, "roled holds the lab's VIP "+lab.VIPAddr+" on the ACTIVE node, and a balancer pair (lb, lb2) holds "+lab.LBVIPAddr+" by its etcd election (scenarios 10, 11, 17, 18 and 21-23)")
 	vipPeer := fs.String("vip-peer", "", "keepalived: keepalived's VRRP pair holds the VIP instead of roled (implies --vip; issue 20's peer)")
 	loss := fs.String("loss", "", "soak: share of packets every host drops (1%): the no-false-failover soak")
 	delay := fs.String("delay", "", "soak: one-way delay ± jitter between members (20ms±10ms): the no-false-failover soak")
