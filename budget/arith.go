@@ -21,6 +21,10 @@ const (
 	// FaultRoledCrash: roled on the ACTIVE node dies; systemd restarts it;
 	// Patroni keeps its primary.
 	FaultRoledCrash
+	// FaultHostDeath: the primary's host is gone (power, kernel panic, cable):
+	// a kill whose host sends no RST, so Patroni's probe of the dead member
+	// waits out its fixed timeout. Outside the target (Outage.Outside).
+	FaultHostDeath
 )
 
 var faultNames = map[Fault]string{
@@ -28,12 +32,13 @@ var faultNames = map[Fault]string{
 	FaultPartition:     "partition of the primary's node",
 	FaultFrozenPatroni: "frozen Patroni on the primary",
 	FaultRoledCrash:    "roled crash on the ACTIVE node",
+	FaultHostDeath:     "death of the primary's host (no RST)",
 }
 
 func (f Fault) String() string { return faultNames[f] }
 
 // Faults lists every fault in the order they are printed.
-var Faults = []Fault{FaultKill, FaultPartition, FaultFrozenPatroni, FaultRoledCrash}
+var Faults = []Fault{FaultKill, FaultPartition, FaultFrozenPatroni, FaultRoledCrash, FaultHostDeath}
 
 // Stage is one of the four parts of an outage.
 type Stage uint8
@@ -75,7 +80,17 @@ const (
 	// RestartDelay is systemd's RestartSec in the shipped units plus
 	// roled's start-up (FaultRoledCrash).
 	RestartDelay = 2500 * time.Millisecond
+	// MemberProbe: before it takes the key, the survivor's Patroni asks
+	// every member it knows for its status, the dead primary too, with a
+	// fixed 2 s timeout (Patroni 3.0.2 ha.py fetch_node_status, timeout=2,
+	// not configurable). A killed process's host answers at once with an
+	// RST; a dead host does not, and the probe waits it out (lab scenarios
+	// 19 and 20: +2 s against 13 and 15).
+	MemberProbe = 2 * time.Second
 )
+
+// hostDeathOutside says why FaultHostDeath is not held to the target.
+const hostDeathOutside = "Patroni's fixed 2 s member probe, which no timer sets, comes on top of a kill"
 
 // Step is one stage of one fault: its typical and worst duration and why.
 type Step struct {
@@ -91,6 +106,10 @@ type Outage struct {
 	Steps   []Step
 	Typical time.Duration // sum of the steps' typical durations
 	Worst   time.Duration // sum of the steps' worst durations
+	// Outside, when set, says why this fault is shown but not held to the
+	// target (Plan.Meets): a cost that no timer can shorten. The balancer's
+	// hold still covers its worst case (Derive).
+	Outside string
 }
 
 // Arithmetic maps every fault to detection + decision + promotion + routing
@@ -154,10 +173,18 @@ func Arithmetic(t Timers) []Outage {
 			"no promotion: PostgreSQL check and the active key's transaction"},
 		route,
 	}
+	death := []Step{kill[0],
+		{StageDecision, patroniCycleTypical + MemberProbe, patroniCycleWorst + MemberProbe,
+			"the survivor's Patroni probes every member before it takes the key: the dead host's REST API answers nothing for Patroni's fixed 2 s"},
+		promotion, route,
+	}
 	var out []Outage
 	for _, f := range Faults {
-		steps := map[Fault][]Step{FaultKill: kill, FaultPartition: part, FaultFrozenPatroni: frozen, FaultRoledCrash: crash}[f]
+		steps := map[Fault][]Step{FaultKill: kill, FaultPartition: part, FaultFrozenPatroni: frozen, FaultRoledCrash: crash, FaultHostDeath: death}[f]
 		o := Outage{Fault: f, Steps: steps}
+		if f == FaultHostDeath {
+			o.Outside = hostDeathOutside
+		}
 		for _, s := range steps {
 			o.Typical += s.Typical
 			o.Worst += s.Worst

@@ -84,10 +84,14 @@ type Plan struct {
 }
 
 // Meets reports whether every fault's typical outage is within the target
-// and its worst within WorstFactor × target.
+// and its worst within WorstFactor × target (faults outside the target
+// aside: Outage.Outside).
 func (p Plan) Meets() bool {
 	limit := time.Duration(float64(p.Target) * WorstFactor)
 	for _, o := range p.Outages {
+		if o.Outside != "" {
+			continue
+		}
 		if o.Typical > p.Target || o.Worst > limit {
 			return false
 		}
@@ -100,6 +104,9 @@ func (p Plan) binding() Outage {
 	var best Outage
 	score := -1.0
 	for _, o := range p.Outages {
+		if o.Outside != "" {
+			continue
+		}
 		s := max(float64(o.Typical)/float64(p.Target), float64(o.Worst)/(float64(p.Target)*WorstFactor))
 		if s > score {
 			best, score = o, s
@@ -177,16 +184,17 @@ func timersFor(target, ttl time.Duration) Timers {
 		t.PollInterval = 250 * time.Millisecond
 	}
 	// The balancer: checks a twentieth of the target (100 ms … 1 s), fall
-	// and rise 2; the hold outlasts the worst kill, so a request that
-	// arrives at the fault is answered once the survivor serves.
+	// and rise 2; the hold outlasts the worst kill, a host's death included
+	// (outside the target, but users wait through it all the same), so a
+	// request that arrives at the fault is answered once the survivor serves.
 	t.CheckInterval = max(100*time.Millisecond, min(time.Second, (target/20).Truncate(10*time.Millisecond)))
 	t.CheckTimeout = (t.CheckInterval * 4 / 5).Truncate(10 * time.Millisecond)
 	t.CheckFall, t.CheckRise = 2, 2
 	t.FastPath = true
 	t.HoldTimeout = 0
 	for _, o := range Arithmetic(t) {
-		if o.Fault == FaultKill {
-			t.HoldTimeout = max(5*time.Second, o.Worst.Truncate(time.Second)+time.Second)
+		if o.Fault == FaultKill || o.Fault == FaultHostDeath {
+			t.HoldTimeout = max(t.HoldTimeout, 5*time.Second, o.Worst.Truncate(time.Second)+time.Second)
 		}
 	}
 	// quorum-loss-after and its probe keep their defaults (800 ms / 200 ms)

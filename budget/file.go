@@ -79,6 +79,7 @@ type OutageFile struct {
 	Fault   string     `json:"fault" yaml:"fault"`
 	Typical Duration   `json:"typical" yaml:"typical"`
 	Worst   Duration   `json:"worst" yaml:"worst"`
+	Outside string     `json:"outside,omitempty" yaml:"outside,omitempty"` // why it is not held to the target
 	Steps   []StepFile `json:"steps" yaml:"steps"`
 }
 
@@ -110,7 +111,7 @@ func FileOf(target time.Duration, t Timers) File {
 			CheckFall: t.CheckFall, CheckRise: t.CheckRise, HoldTimeout: Duration(t.HoldTimeout), FastPath: t.FastPath},
 	}
 	for _, o := range Arithmetic(t) {
-		of := OutageFile{Fault: o.Fault.String(), Typical: Duration(o.Typical), Worst: Duration(o.Worst)}
+		of := OutageFile{Fault: o.Fault.String(), Typical: Duration(o.Typical), Worst: Duration(o.Worst), Outside: o.Outside}
 		for _, s := range o.Steps {
 			of.Steps = append(of.Steps, StepFile{s.Stage.String(), Duration(s.Typical), Duration(s.Worst), s.Why})
 		}

@@ -248,6 +248,9 @@ func WritePlan(w io.Writer, target time.Duration, t budget.Timers) error {
 	fmt.Fprintln(w)
 	for _, o := range budget.Arithmetic(t) {
 		fmt.Fprintf(w, "%s: typical %s, worst %s\n", o.Fault, o.Typical, o.Worst)
+		if o.Outside != "" {
+			fmt.Fprintf(w, "  outside the target: %s; the hold-timeout covers its worst\n", o.Outside)
+		}
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		var typ, worst []string
 		for _, s := range o.Steps {
@@ -266,7 +269,7 @@ func WritePlan(w io.Writer, target time.Duration, t budget.Timers) error {
 		if !p.Meets() {
 			verdict = "MISSES"
 		}
-		fmt.Fprintf(w, "\n%s rto %s: every typical outage ≤ %s and worst ≤ %s (%.1f × target); binding: %s (typical %s, worst %s)\n",
+		fmt.Fprintf(w, "\n%s rto %s: every typical outage ≤ %s and worst ≤ %s (%.1f × target), those outside it aside; binding: %s (typical %s, worst %s)\n",
 			verdict, target, target, time.Duration(float64(target)*budget.WorstFactor), budget.WorstFactor, b.Fault, b.Typical, b.Worst)
 	}
 	return nil

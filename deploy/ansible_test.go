@@ -388,8 +388,8 @@ func (c *converge) rtoBudget(t *testing.T) {
 	lbc := readYAML(t, c.path("lb1", "etc/hapair/lb.yaml"))
 	app := lbc["backends"].([]any)[0].(map[string]any)
 	chk := app["check"].(map[string]any)
-	if app["hold-timeout"] != "9s" || chk["interval"] != "320ms" || chk["timeout"] != "250ms" {
-		t.Errorf("lb1: hold-timeout %v check.interval %v check.timeout %v, want 9s 320ms 250ms", app["hold-timeout"], chk["interval"], chk["timeout"])
+	if app["hold-timeout"] != "11s" || chk["interval"] != "320ms" || chk["timeout"] != "250ms" {
+		t.Errorf("lb1: hold-timeout %v check.interval %v check.timeout %v, want 11s 320ms 250ms", app["hold-timeout"], chk["interval"], chk["timeout"])
 	}
 	w := readYAML(t, c.path("witness", "etc/hapair/witness.yaml"))
 	if w["heartbeat-interval"] != "54ms" || w["election-timeout"] != "540ms" {

@@ -99,18 +99,23 @@ func killAtRTO(ctx context.Context, l *Lab, r *Result, hostDeath bool) {
 		}
 		t, outages, label = p.Timers, p.Outages, "rto "+target.String()
 	}
-	kill := outages[0]
+	arith := outages[0] // the kill's
 	fault := "kill"
 	if hostDeath {
 		fault = "host death"
+		for _, o := range outages {
+			if o.Fault == budget.FaultHostDeath {
+				arith = o
+			}
+		}
 	}
 	name := fault + " at " + label
 	if target == 0 {
-		target = kill.Typical
+		target = arith.Typical
 	}
-	r.note("timers (%s): Patroni ttl %s loop_wait %s retry_timeout %s, etcd election %s, lease %s, checks %s×%d, hold %s; kill arithmetic typical %s, worst %s",
+	r.note("timers (%s): Patroni ttl %s loop_wait %s retry_timeout %s, etcd election %s, lease %s, checks %s×%d, hold %s; %s arithmetic typical %s, worst %s",
 		label, t.PatroniTTL, t.PatroniLoopWait, t.PatroniRetryTimeout, t.EtcdElection,
-		t.LeaseTTL, t.CheckInterval, t.CheckFall, t.HoldTimeout, kill.Typical, kill.Worst)
+		t.LeaseTTL, t.CheckInterval, t.CheckFall, t.HoldTimeout, fault, arith.Typical, arith.Worst)
 	if err := l.checkPatroniTTL(t); err != nil {
 		r.fail("%v", err)
 		return
