@@ -1,7 +1,11 @@
 package lb
 
 import (
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -110,5 +114,100 @@ func TestConnPoolSurplusTimer(t *testing.T) {
 	p.mu.Unlock()
 	if n != 1 || cs[2].closed.Load() {
 		t.Fatalf("%d idle, newest closed %v; want 1 idle, the newest kept", n, cs[2].closed.Load())
+	}
+}
+
+// TestPoolSurplusAcrossWaves: through the balancer, a second wave of as many
+// concurrent requests as the first reuses the backend connections the first
+// one opened, though they are more than idle-conns; with
+// idle-surplus-timeout 0 every connection beyond idle-conns is dialled again.
+// (Before the surplus the pool closed them at once: the 1,000-connection
+// cell's tail.)
+func TestPoolSurplusAcrossWaves(t *testing.T) {
+	const wave, idle = 8, 2
+	for _, tc := range []struct {
+		name    string
+		surplus *time.Duration
+		want    int // backend connections used by both waves
+	}{
+		{"default 5s", nil, wave},
+		{"0 closes at once", durPtr(0), wave + wave - idle},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var (
+				mu     sync.Mutex
+				conns  atomic.Int64 // accepted by the backend (checks are off: all the balancer's)
+				closed atomic.Int64 // and closed again
+				in     int
+				all    = make(chan struct{})
+			)
+			// Each request waits until the whole wave is in, so the wave
+			// needs wave backend connections at once.
+			be := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				in++
+				gate := all
+				if in == wave {
+					close(all)
+				}
+				mu.Unlock()
+				select {
+				case <-gate:
+				case <-time.After(10 * time.Second):
+				}
+				_, _ = io.WriteString(w, "ok")
+			}))
+			be.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+				switch st {
+				case http.StateNew:
+					conns.Add(1)
+				case http.StateClosed:
+					closed.Add(1)
+				}
+			}
+			be.Start()
+			defer be.Close()
+			cfg := poolConfig(be.Listener.Addr().String())
+			cfg.Backends[0].IdleConns = idle
+			cfg.Backends[0].IdleSurplusTimeout = tc.surplus
+			l := startLB(t, cfg, nil)
+			c := newClient()
+			defer c.CloseIdleConnections()
+			for round := range 2 {
+				mu.Lock()
+				in, all = 0, make(chan struct{})
+				mu.Unlock()
+				var wg sync.WaitGroup
+				for range wave {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						resp, err := c.Get(l.url("web") + "/w")
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 {
+							t.Errorf("round %d: status %d", round, resp.StatusCode)
+						}
+					}()
+				}
+				wg.Wait()
+				// The clients have their answers; the balancer may still be
+				// putting the connections back. The next wave starts once
+				// every connection is in the pool or closed.
+				p := l.Group("pool").servers[0].pool
+				waitFor(t, 10*time.Second, "the wave's connections pooled or closed", func() bool {
+					p.mu.Lock()
+					defer p.mu.Unlock()
+					return int64(len(p.idle))+closed.Load() == conns.Load()
+				})
+			}
+			if got := int(conns.Load()); got != tc.want {
+				t.Errorf("backend connections over two waves of %d with idle-conns %d: %d, want %d", wave, idle, got, tc.want)
+			}
+		})
 	}
 }
