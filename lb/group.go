@@ -229,7 +229,13 @@ func (g *Group) acquire(ctx context.Context, exclude []*Server) (*Server, error)
 		return s, nil
 	}
 	if g.saturated(exclude) || g.cfg.MaxConns > 0 && g.waiting.Load() > 0 && len(*g.eligible.Load()) > 0 {
-		return g.wait(ctx, exclude, g.cfg.QueueTimeout)
+		// Waiting for a slot. Should every server go away meanwhile (a
+		// host's death: its slots stay taken by requests that never end,
+		// until the checks mark it down), the request is held as one that
+		// found no server: the hold, not the queue, is the failover's
+		// wait. Without this it was refused at queue-timeout (5 s) in the
+		// middle of a failover that the hold (11 s at rto 6.5s) covers.
+		return g.wait(ctx, exclude, g.cfg.QueueTimeout, max(g.cfg.QueueTimeout, *g.cfg.HoldTimeout))
 	}
 	hold := *g.cfg.HoldTimeout
 	if len(*g.eligible.Load()) > 0 && g.cfg.Check.ChecksEnabled() {
@@ -241,23 +247,23 @@ func (g *Group) acquire(ctx context.Context, exclude []*Server) (*Server, error)
 	if hold <= 0 || len(*g.eligible.Load()) > 0 && !g.cfg.Check.ChecksEnabled() {
 		return nil, ErrNoServer
 	}
-	return g.wait(ctx, exclude, hold)
+	return g.wait(ctx, exclude, hold, hold)
 }
 
-// wait queues a request for up to timeout: while no server may take
-// traffic (the switchover hold) or while every eligible one is at
-// max-conns.
-func (g *Group) wait(ctx context.Context, exclude []*Server, timeout time.Duration) (*Server, error) {
+// wait queues a request: while no server may take traffic (the
+// switchover hold) or while every eligible one is at max-conns. It gives
+// up timeout after it came, or orphaned after it came when at that time
+// no server is eligible at all (orphaned ≥ timeout).
+func (g *Group) wait(ctx context.Context, exclude []*Server, timeout, orphaned time.Duration) (*Server, error) {
 	if g.waiting.Add(1) > int64(g.cfg.HoldQueue) {
 		g.waiting.Add(-1)
 		return nil, ErrHoldFull
 	}
 	defer g.waiting.Add(-1)
-	start := time.Now()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	s, err := g.hold(ctx, exclude, t.C)
-	g.m.holdWait.WithLabelValues(g.cfg.Name).Observe(time.Since(start).Seconds())
+	dl := &waitDeadline{g: g, t: time.NewTimer(timeout), start: time.Now(), orphaned: orphaned}
+	defer dl.t.Stop()
+	s, err := g.hold(ctx, exclude, dl)
+	g.m.holdWait.WithLabelValues(g.cfg.Name).Observe(time.Since(dl.start).Seconds())
 	switch {
 	case errors.Is(err, ErrHoldTimed):
 		g.m.holdTimeouts.WithLabelValues(g.cfg.Name).Inc()
@@ -265,6 +271,28 @@ func (g *Group) wait(ctx context.Context, exclude []*Server, timeout time.Durati
 		g.m.holdCancelled.WithLabelValues(g.cfg.Name).Inc() // the client went away
 	}
 	return s, err
+}
+
+// waitDeadline is a waiting request's limit (see wait).
+type waitDeadline struct {
+	g        *Group
+	t        *time.Timer
+	start    time.Time
+	orphaned time.Duration
+	extended bool
+}
+
+// expired is called when t fires: true when the request gives up; false
+// when it was extended to orphaned (t is re-armed) because no server is
+// eligible now.
+func (d *waitDeadline) expired(now time.Time) bool {
+	end := d.start.Add(d.orphaned)
+	if d.extended || !now.Before(end) || len(*d.g.eligible.Load()) > 0 {
+		return true
+	}
+	d.extended = true
+	d.t.Reset(end.Sub(now))
+	return false
 }
 
 // holder is one held request's place in the queue; turn is closed when it
@@ -277,16 +305,22 @@ type holder struct{ turn chan struct{} }
 // and the one that waited longest is not served last behind a burst. A
 // retry (exclude set) waits outside the queue: it must not block the queue
 // on a server only it refuses.
-func (g *Group) hold(ctx context.Context, exclude []*Server, timeout <-chan time.Time) (*Server, error) {
+func (g *Group) hold(ctx context.Context, exclude []*Server, dl *waitDeadline) (*Server, error) {
 	if len(exclude) == 0 {
 		h := g.enqueue()
 		defer g.dequeue(h)
-		select {
-		case <-h.turn:
-		case <-timeout:
-			return nil, ErrHoldTimed
-		case <-ctx.Done():
-			return nil, ctx.Err()
+	queued:
+		for {
+			select {
+			case <-h.turn:
+				break queued
+			case now := <-dl.t.C:
+				if dl.expired(now) {
+					return nil, ErrHoldTimed
+				}
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
 		}
 	}
 	for {
@@ -298,8 +332,10 @@ func (g *Group) hold(ctx context.Context, exclude []*Server, timeout <-chan time
 		}
 		select {
 		case <-ch:
-		case <-timeout:
-			return nil, ErrHoldTimed
+		case now := <-dl.t.C:
+			if dl.expired(now) {
+				return nil, ErrHoldTimed
+			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

@@ -93,6 +93,51 @@ func TestMaxConnsQueueTimeout(t *testing.T) {
 	}
 }
 
+// TestMaxConnsServerGoneIsHeld: a request waiting for a slot whose server
+// then goes away (a host's death: its slots stay taken until the checks
+// mark it down) is held for hold-timeout, not refused at queue-timeout, and
+// gets the server that comes next. Before, it got 503 at queue-timeout in
+// the middle of the failover (lab 19-host-death-at-rto-6.5s: 16 of 159
+// writes).
+func TestMaxConnsServerGoneIsHeld(t *testing.T) {
+	const queue = 50 * time.Millisecond
+	g, s := oneServerGroup(t, AdminReady, func(b *BackendConfig) {
+		b.MaxConns, b.QueueTimeout, b.HoldTimeout = 1, queue, durPtr(10*time.Second)
+	})
+	stuck, err := g.acquire(context.Background(), nil) // never ends while the server is gone
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		srv, err := g.acquire(context.Background(), nil)
+		if err == nil {
+			srv.release()
+		}
+		got <- err
+	}()
+	waitQueue(t, g, 1)
+	s.admin.Store(uint32(AdminMaint)) // marked down: no server is eligible
+	g.recompute("test")
+	// Six queue-timeouts pass: the request must still be waiting.
+	select {
+	case err := <-got:
+		t.Fatalf("request waiting for a slot of a server that went away: %v before hold-timeout", err)
+	case <-time.After(6 * queue):
+	}
+	s.admin.Store(uint32(AdminReady)) // the next ACTIVE, with a free slot
+	g.recompute("test")
+	stuck.release()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("held request: %v, want the server", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("held request not served once a server was eligible")
+	}
+}
+
 // TestMaxConnsConfig: a negative limit is refused naming the field.
 func TestMaxConnsConfig(t *testing.T) {
 	cfg := poolConfig("127.0.0.1:1")
