@@ -5,7 +5,8 @@ import (
 	"time"
 )
 
-// The event loop serves the common plain-HTTP/1.1 keep-alive request on
+// The event loop serves the common HTTP/1.1 keep-alive request (plain or
+// over TLS, see h1tls.go) on
 // the poller's own goroutine, as a per-connection state machine: read a
 // whole bodiless idempotent request from the client, send it on a pooled
 // backend connection of the same poller, read the whole response
@@ -56,7 +57,7 @@ func loopEvent(s *sockIO) {
 		return
 	}
 	switch {
-	case s == hc.sock:
+	case s == hc.rs:
 		if hc.lstate == loopIdle {
 			hc.loopRequest()
 		}
@@ -69,7 +70,7 @@ func loopEvent(s *sockIO) {
 
 // enterLoop takes over the idle connection hc, whose goroutine has ended.
 func (hc *h1Conn) enterLoop() {
-	s := hc.sock
+	s := hc.rs
 	if st := hc.state.Load(); st == connClosed || hc.used && hc.srv.shutting.Load() {
 		hc.srv.finish(hc)
 		return
@@ -90,7 +91,7 @@ func (hc *h1Conn) enterLoop() {
 
 // leaveLoop gives hc (and its backend connection) back to goroutine I/O.
 func (hc *h1Conn) leaveLoop() {
-	for _, s := range []*sockIO{hc.sock, hc.loopBackendSock()} {
+	for _, s := range []*sockIO{hc.rs, hc.loopBackendSock()} {
 		if s != nil && s.owner == hc {
 			s.loop.Store(nil)
 			s.owner, s.nb, s.drained = nil, false, false
@@ -109,7 +110,7 @@ func (hc *h1Conn) loopBackendSock() *sockIO {
 // handoff continues hc on a new goroutine: cont first (nil: the next
 // request from the start), then the goroutine path's loop.
 func (hc *h1Conn) handoff(cont func() bool) {
-	hc.sock.pw.handed.Add(1)
+	hc.rs.pw.handed.Add(1)
 	hc.leaveLoop()
 	hc.at = attempt{}
 	go hc.srv.serveConn(hc, cont)
@@ -125,8 +126,7 @@ func (hc *h1Conn) handoffAttempt(at attempt) {
 func (hc *h1Conn) loopStop() {
 	switch hc.lstate {
 	case loopIdle:
-		hc.leaveLoop()
-		hc.srv.finish(hc)
+		hc.loopFinish()
 	case loopHead:
 		hc.handoffAttempt(attempt{srv: hc.at.srv, bc: hc.at.bc, stage: stageSent})
 	case loopBody:
@@ -134,9 +134,14 @@ func (hc *h1Conn) loopStop() {
 	}
 }
 
-// loopFinish closes hc from the loop.
+// loopFinish closes hc from the loop. A TLS connection is closed on a
+// goroutine: its close_notify is a write that may wait (up to 5 s).
 func (hc *h1Conn) loopFinish() {
 	hc.leaveLoop()
+	if hc.ts != nil {
+		go hc.srv.finish(hc)
+		return
+	}
 	hc.srv.finish(hc)
 }
 
@@ -145,8 +150,14 @@ func (hc *h1Conn) loopRequest() {
 	br := hc.br
 	if br.Buffered() == 0 {
 		if _, err := br.Peek(1); err != nil {
-			if errors.Is(err, errWouldBlock) && hc.sock.schedule() == nil {
-				return // wait for data (or the idle deadline)
+			if errors.Is(err, errWouldBlock) {
+				if hc.ts != nil && hc.ts.pending() {
+					hc.handoff(nil) // a TLS message the read answered (KeyUpdate) is not out yet
+					return
+				}
+				if hc.rs.schedule() == nil {
+					return // wait for data (or the idle deadline)
+				}
 			}
 			hc.loopFinish() // idle timeout, end, reset or closed by shutdown
 			return
@@ -191,12 +202,12 @@ func (hc *h1Conn) fastRequest() {
 	}
 	hc.slow = 0
 	_, _ = hc.br.Discard(end)
-	bc := srv.pool.getFor(hc.sock.pw)
-	if bc == nil || !hc.sock.pw.move(bc.sock) {
+	bc := srv.pool.getFor(hc.rs.pw)
+	if bc == nil || !hc.rs.pw.move(bc.sock) {
 		hc.handoffAttempt(attempt{srv: srv, bc: bc})
 		return
 	}
-	writeRequestHead(bc.bw, req, hc.ip, false, false) // the loop serves plain HTTP only
+	writeRequestHead(bc.bw, req, hc.ip, hc.ts != nil, false)
 	bs := bc.sock
 	bs.idle = 0
 	bs.owner, bs.nb = hc, true
@@ -315,19 +326,36 @@ func (hc *h1Conn) relay(body bool, n int) {
 	at.srv.release()
 	hc.at = attempt{}
 	out := hc.bw.buf
-	w, err := hc.sock.writeNB(out)
-	switch {
-	case err != nil:
-		at.srv.noteFailure() // as the goroutine path counts an aborted relay
-		hc.loopFinish()
-		return
-	case w < len(out):
-		hc.bw.buf = out[:copy(out, out[w:])]
-		hc.handoff(func() bool { return s.flushRest(hc) && keep })
-		return
+	if hc.ts != nil {
+		// Encrypted and written at once; what the socket did not take
+		// waits in hc.ts.pend, for the goroutine it is handed to.
+		_, err := hc.c.Write(out)
+		hc.bw.buf = out[:0]
+		hc.releaseWriter()
+		switch {
+		case err != nil:
+			at.srv.noteFailure()
+			hc.loopFinish()
+			return
+		case hc.ts.pending():
+			hc.handoff(func() bool { return keep })
+			return
+		}
+	} else {
+		w, err := hc.sock.writeNB(out)
+		switch {
+		case err != nil:
+			at.srv.noteFailure() // as the goroutine path counts an aborted relay
+			hc.loopFinish()
+			return
+		case w < len(out):
+			hc.bw.buf = out[:copy(out, out[w:])]
+			hc.handoff(func() bool { return s.flushRest(hc) && keep })
+			return
+		}
+		hc.releaseWriter()
 	}
-	hc.releaseWriter()
-	hc.sock.pw.served.Add(1)
+	hc.rs.pw.served.Add(1)
 	if !keep || s.shutting.Load() {
 		hc.loopFinish()
 		return
@@ -341,11 +369,13 @@ func (hc *h1Conn) nextRequest() {
 	hc.lstate = loopIdle
 	hc.state.Store(connIdle)
 	hc.sock.arm(hc.rt.lc.IdleTimeout)
-	if hc.br.Buffered() > 0 || !hc.sock.drained {
+	// Under TLS the next request may wait in crypto/tls's buffers, which
+	// bring no new edge: always look.
+	if hc.br.Buffered() > 0 || !hc.rs.drained || hc.ts != nil {
 		hc.loopRequest()
 		return
 	}
-	if hc.sock.schedule() != nil {
+	if hc.rs.schedule() != nil {
 		hc.loopFinish()
 	}
 }

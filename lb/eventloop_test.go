@@ -22,7 +22,12 @@ func loopBackend(t *testing.T, idle time.Duration) (string, *atomic.Int64) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/small", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Got-XFF", r.Header.Get("X-Forwarded-For"))
+		w.Header().Set("X-Got-Proto", r.Header.Get("X-Forwarded-Proto"))
 		_, _ = io.WriteString(w, strings.Repeat("a", 99)+"\n")
+	})
+	mux.HandleFunc("/mid", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "24000") // relayed by the loop, in one write
+		_, _ = io.WriteString(w, strings.Repeat("m", 24000))
 	})
 	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "100000")
@@ -56,11 +61,18 @@ func loopBackend(t *testing.T, idle time.Duration) (string, *atomic.Int64) {
 // loopDial opens a client connection to l's "web" listener, closed at the
 // end of the test.
 func loopDial(t *testing.T, l *testLB) (net.Conn, *bufio.Reader) {
+	return loopDialV(t, l, variant{engine: "fast"})
+}
+
+// loopVariants: the event loop hosts plain and TLS connections alike.
+func loopVariants() []variant {
+	return []variant{{engine: "fast"}, {engine: "fast", tls: true}}
+}
+
+// loopDialV is loopDial for the variant v (over TLS: handshake done).
+func loopDialV(t *testing.T, l *testLB, v variant) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, err := net.Dial("tcp", l.ListenerAddr("web").String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := v.dial(t, l.ListenerAddr("web").String())
 	t.Cleanup(func() { _ = c.Close() })
 	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
 	return c, bufio.NewReader(c)
@@ -112,9 +124,21 @@ func readResp(t *testing.T, br *bufio.Reader) (*http.Response, string) {
 // by the loop and every other shape is handed to the goroutine path and
 // back, with the same answers; idle connections in the loop time out.
 func TestEventLoop(t *testing.T) {
+	for _, v := range loopVariants() {
+		t.Run(v.String(), func(t *testing.T) { testEventLoop(t, v) })
+	}
+}
+
+func testEventLoop(t *testing.T, v variant) {
 	addr, _ := loopBackend(t, 0)
-	l := startLB(t, loopConfig(addr), nil)
-	dial := func() (net.Conn, *bufio.Reader) { return loopDial(t, l) }
+	cfg := loopConfig(addr)
+	v.set(t, &cfg)
+	l := startLB(t, cfg, nil)
+	dial := func() (net.Conn, *bufio.Reader) { return loopDialV(t, l, v) }
+	proto := "http"
+	if v.tls {
+		proto = "https"
+	}
 	// A response-header timeout met in the loop: 504 and the end of the
 	// connection, as on the goroutine path.
 	c, br := dial()
@@ -131,8 +155,9 @@ func TestEventLoop(t *testing.T) {
 	small := strings.Repeat("a", 99) + "\n"
 	for i := 0; i < 20; i++ {
 		resp, body := get("/small")
-		if resp.StatusCode != 200 || body != small || resp.Header.Get("X-Got-XFF") != "10.0.0.1, 127.0.0.1" {
-			t.Fatalf("small %d: %d %q %q", i, resp.StatusCode, body, resp.Header.Get("X-Got-XFF"))
+		if resp.StatusCode != 200 || body != small || resp.Header.Get("X-Got-XFF") != "10.0.0.1, 127.0.0.1" ||
+			resp.Header.Get("X-Got-Proto") != proto {
+			t.Fatalf("small %d: %d %q %q %q", i, resp.StatusCode, body, resp.Header.Get("X-Got-XFF"), resp.Header.Get("X-Got-Proto"))
 		}
 	}
 	served, _ := l.poll.loopCounts()
@@ -201,26 +226,39 @@ func TestEventLoop(t *testing.T) {
 // TestEventLoopStaleBackend: a pooled connection the backend closed while
 // idle is replaced (idempotent request) without an error to the client.
 func TestEventLoopStaleBackend(t *testing.T) {
-	addr, closed := loopBackend(t, 50*time.Millisecond)
-	l := startLB(t, loopConfig(addr), nil)
-	c, br := loopDial(t, l)
-	for i := 0; i < 4; i++ {
-		getSmall(t, c, br, fmt.Sprintf("request %d", i))
-		// The backend closes its idle connection before the next request.
-		waitFor(t, 5*time.Second, "the backend closed its idle connection", func() bool { return closed.Load() > int64(i) })
+	for _, v := range loopVariants() {
+		t.Run(v.String(), func(t *testing.T) {
+			addr, closed := loopBackend(t, 50*time.Millisecond)
+			cfg := loopConfig(addr)
+			v.set(t, &cfg)
+			l := startLB(t, cfg, nil)
+			c, br := loopDialV(t, l, v)
+			for i := 0; i < 4; i++ {
+				getSmall(t, c, br, fmt.Sprintf("request %d", i))
+				// The backend closes its idle connection before the next request.
+				waitFor(t, 5*time.Second, "the backend closed its idle connection", func() bool { return closed.Load() > int64(i) })
+			}
+		})
 	}
 }
 
 // TestEventLoopShutdown: connections idle in the loop close at shutdown,
 // and Run returns (startLB's cleanup checks it).
 func TestEventLoopShutdown(t *testing.T) {
+	for _, v := range loopVariants() {
+		t.Run(v.String(), func(t *testing.T) { testEventLoopShutdown(t, v) })
+	}
+}
+
+func testEventLoopShutdown(t *testing.T, v variant) {
 	addr, _ := loopBackend(t, 0)
 	cfg := loopConfig(addr)
 	cfg.Listeners[0].IdleTimeout = time.Minute
+	v.set(t, &cfg)
 	l := startLB(t, cfg, nil)
 	var conns []net.Conn
 	for i := 0; i < 8; i++ {
-		c, br := loopDial(t, l)
+		c, br := loopDialV(t, l, v)
 		for j := 0; j < 3; j++ {
 			getSmall(t, c, br, fmt.Sprintf("conn %d", i))
 		}

@@ -57,9 +57,13 @@ var newConnGrace = 5 * time.Second
 
 // h1Conn is one client connection with its reusable buffers.
 type h1Conn struct {
-	c     net.Conn // the client connection (a *tls.Conn on TLS listeners)
-	sock  *sockIO  // I/O and read deadlines of c
-	tcp   *sockIO  // TLS only: the socket's raw I/O under c (see h1tls.go)
+	c    net.Conn // the client connection (a *tls.Conn on TLS listeners)
+	sock *sockIO  // I/O and read deadlines of c
+	tcp  *sockIO  // TLS only: the socket's raw I/O under c (see h1tls.go)
+	ts   *tlsSock // TLS only: the net.Conn under c, over tcp
+	// rs: the socket the poller watches (sock, or tcp under TLS), whose
+	// readiness, deadline timer and kicks drive the event loop.
+	rs    *sockIO
 	br    *bufio.Reader
 	bw    *wbuf
 	state atomic.Int32
@@ -135,7 +139,7 @@ func (s *h1Server) shutdown(ctx context.Context) {
 		for hc := range s.conns {
 			if hc.state.CompareAndSwap(connIdle, connClosed) ||
 				now.Sub(hc.born) >= newConnGrace && hc.state.CompareAndSwap(connNew, connClosed) {
-				_ = hc.sock.close()
+				_ = hc.closeSocket()
 			}
 		}
 		s.mu.Unlock()
@@ -146,7 +150,7 @@ func (s *h1Server) shutdown(ctx context.Context) {
 		case <-ctx.Done():
 			s.mu.Lock()
 			for hc := range s.conns {
-				_ = hc.sock.close()
+				_ = hc.closeSocket()
 			}
 			s.mu.Unlock()
 			<-done
@@ -182,6 +186,9 @@ func (s *h1Server) serveConn(hc *h1Conn, cont func() bool) {
 			s.finish(hc)
 		}
 	}()
+	if hc.ts != nil && hc.ts.pending() && !s.flushTLS(hc) {
+		return
+	}
 	if cont != nil && (!cont() || s.shutting.Load()) {
 		return
 	}
@@ -207,7 +214,7 @@ func (s *h1Server) serveConn(hc *h1Conn, cont func() bool) {
 // false keeps it here (no loop, a pipelined request, access logging, or
 // requests the loop would only hand back).
 func (s *h1Server) toLoop(hc *h1Conn) bool {
-	if !s.loop || hc.sock.pw == nil || hc.br.Buffered() > 0 || hc.slow >= 2 || s.accessLog.Load() {
+	if !s.loop || hc.rs == nil || hc.rs.pw == nil || hc.br.Buffered() > 0 || hc.slow >= 2 || s.accessLog.Load() {
 		return false
 	}
 	lc := s.route.Load().lc
@@ -219,7 +226,27 @@ func (s *h1Server) toLoop(hc *h1Conn) bool {
 	if lc.WriteTimeout > 0 {
 		_ = hc.c.SetWriteDeadline(time.Time{}) // the loop never waits to write
 	}
-	return hc.sock.pw.adopt(hc)
+	return hc.rs.pw.adopt(hc)
+}
+
+// closeSocket closes hc's socket from a goroutine that does not serve hc
+// (shutdown), waking whoever does. Under TLS it closes the TCP socket
+// without a close_notify: the alert would be a write racing the server's
+// own (and could wait on a full socket).
+func (hc *h1Conn) closeSocket() error {
+	if hc.tcp != nil {
+		return hc.tcp.close()
+	}
+	return hc.sock.close()
+}
+
+// flushTLS (on a goroutine) writes what the event loop's TLS writes left
+// in hc.ts.pend, under the write timeout; false: the connection is done.
+func (s *h1Server) flushTLS(hc *h1Conn) bool {
+	if wt := s.route.Load().lc.WriteTimeout; wt > 0 {
+		_ = hc.c.SetWriteDeadline(time.Now().Add(wt))
+	}
+	return hc.ts.flush() == nil
 }
 
 // finish closes hc and forgets it.

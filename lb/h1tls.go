@@ -25,9 +25,22 @@ import (
 //
 // Why: with net/http for every TLS request, a 100-byte response cost
 // 1.37x Nginx's CPU and the p99 was 3x HAProxy's (issue 15), most of it
-// net/http's per-request work, not the cipher. The event loop cannot host
-// a TLS connection (crypto/tls reads block), so a TLS connection keeps
-// one goroutine; its socket still waits on the FIFO poller.
+// net/http's per-request work, not the cipher.
+//
+// An idle TLS keep-alive connection goes to the event loop like a plain
+// one (eventloop.go): with a goroutine per TLS connection, woken twice per
+// request, the p99 with 2 workers stayed 1.23-1.27x HAProxy's, the tail of
+// the goroutine path (plain HTTP with event-loop off showed the same).
+// Two properties of crypto/tls make that possible:
+//   - a read error whose Temporary() is true leaves the connection usable
+//     and keeps the partial record read so far, so the loop's would-block
+//     (errWouldBlock) is such an error;
+//   - every write error is permanent, so in the loop tlsSock never
+//     refuses a write: it writes what the socket takes at once and keeps
+//     the rest (pend), which a goroutine flushes before anything else is
+//     written or read (h1Server.serveConn).
+// crypto/tls reads ahead (a record left in its buffers brings no new
+// edge), so the loop always tries a read before it waits.
 
 // tlsSock is the net.Conn under a TLS server connection: the TCP
 // connection's raw I/O. Reads and writes may run at once (sockIO keeps
@@ -35,15 +48,58 @@ import (
 // on the poller sees them.
 type tlsSock struct {
 	s *sockIO
+	// pend: encrypted bytes written in the event loop that the socket did
+	// not take; owned by whoever serves the connection (the loop, then the
+	// goroutine it hands the connection to, which flushes them first).
+	pend []byte
 }
 
 var _ net.Conn = (*tlsSock)(nil)
 
-func (t *tlsSock) Read(p []byte) (int, error)  { return t.s.Read(p) }
-func (t *tlsSock) Write(p []byte) (int, error) { return t.s.Write(p) }
-func (t *tlsSock) Close() error                { return t.s.close() }
-func (t *tlsSock) LocalAddr() net.Addr         { return t.s.c.LocalAddr() }
-func (t *tlsSock) RemoteAddr() net.Addr        { return t.s.c.RemoteAddr() }
+func (t *tlsSock) Read(p []byte) (int, error) { return t.s.Read(p) }
+
+// Write writes p. In the event loop (the socket is non-blocking there) it
+// never waits: what the socket does not take now is kept in pend and
+// reported written, because crypto/tls would take a short write as the
+// connection's end. Outside the loop, pend goes first.
+func (t *tlsSock) Write(p []byte) (int, error) {
+	if t.s.nb {
+		n := 0
+		if len(t.pend) == 0 {
+			var err error
+			if n, err = t.s.writeNB(p); err != nil {
+				return n, err
+			}
+		}
+		t.pend = append(t.pend, p[n:]...)
+		return len(p), nil
+	}
+	if err := t.flush(); err != nil {
+		return 0, err
+	}
+	return t.s.Write(p)
+}
+
+// pending reports whether bytes written in the loop wait in pend.
+func (t *tlsSock) pending() bool { return len(t.pend) > 0 }
+
+// flush writes pend (waiting while the socket is full, under the write
+// deadline); outside the event loop only.
+func (t *tlsSock) flush() error {
+	if len(t.pend) == 0 {
+		return nil
+	}
+	_, err := t.s.Write(t.pend)
+	t.pend = t.pend[:0]
+	if cap(t.pend) > 64<<10 {
+		t.pend = nil // a rare big one is not kept per idle connection
+	}
+	return err
+}
+
+func (t *tlsSock) Close() error         { return t.s.close() }
+func (t *tlsSock) LocalAddr() net.Addr  { return t.s.c.LocalAddr() }
+func (t *tlsSock) RemoteAddr() net.Addr { return t.s.c.RemoteAddr() }
 
 func (t *tlsSock) SetDeadline(d time.Time) error {
 	t.s.setDeadline(d)
@@ -70,11 +126,13 @@ func (t *tlsSock) CloseWrite() error {
 // whose handshake runs later on the connection's goroutine (handshake).
 func (s *h1Server) newConn(c net.Conn) *h1Conn {
 	if s.tlsc == nil {
-		return &h1Conn{c: c, sock: newSockIO(c, s.poll.pick()), srv: s, born: time.Now()}
+		sock := newSockIO(c, s.poll.pick())
+		return &h1Conn{c: c, sock: sock, rs: sock, srv: s, born: time.Now()}
 	}
 	tcp := newSockIO(c, s.poll.pick())
-	tc := tls.Server(&tlsSock{s: tcp}, s.tlsc)
-	return &h1Conn{c: tc, sock: newSockIO(tc, nil), tcp: tcp, srv: s, born: time.Now()}
+	ts := &tlsSock{s: tcp}
+	tc := tls.Server(ts, s.tlsc)
+	return &h1Conn{c: tc, sock: newSockIO(tc, nil), tcp: tcp, rs: tcp, ts: ts, srv: s, born: time.Now()}
 }
 
 // handshake runs hc's TLS handshake, bounded by the header timeout (a
@@ -103,7 +161,7 @@ func (s *h1Server) handshake(hc *h1Conn, lc ListenerConfig) bool {
 	// net/http's goroutines read it from now on, on Go's poller: a reader
 	// of another goroutine must not be parked on ours when it is closed.
 	hc.tcp.release()
-	hc.tcp = nil
+	hc.tcp, hc.rs, hc.ts = nil, nil, nil
 	s.forget(hc)
 	if !s.h2.put(tc) {
 		_ = tc.Close() // shutting down

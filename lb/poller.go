@@ -211,7 +211,7 @@ func (p *poller) run(ctx context.Context) {
 		}
 	}
 	for _, s := range list {
-		if s.loop.Load() == p && s.owner != nil && s.owner.sock == s {
+		if s.loop.Load() == p && s.owner != nil && s.owner.rs == s {
 			s.owner.loopStop() // back to a goroutine, which waits on Go's poller
 		}
 		s.kick()

@@ -1,7 +1,6 @@
 package lb
 
 import (
-	"errors"
 	"io"
 	"net"
 	"sync/atomic"
@@ -356,8 +355,19 @@ func (s *sockIO) sendOut(fd uintptr) bool {
 func (s *sockIO) doOut(fd uintptr) bool { return s.sendOut(fd) || s.err != nil }
 
 // errWouldBlock is what a read in the event loop returns when the socket
-// has nothing more for now.
-var errWouldBlock = errors.New("lb: would block")
+// has nothing more for now. It is a net.Error whose Temporary() is true:
+// crypto/tls keeps a connection usable after such a read error (and keeps
+// a partial record it read), so a TLS connection can live in the loop too;
+// any other error would break it for good.
+var errWouldBlock error = wouldBlockError{}
+
+type wouldBlockError struct{}
+
+var _ net.Error = wouldBlockError{}
+
+func (wouldBlockError) Error() string   { return "lb: would block" }
+func (wouldBlockError) Timeout() bool   { return false }
+func (wouldBlockError) Temporary() bool { return true }
 
 // writeNB writes as much of p as the socket takes now, never waiting.
 func (s *sockIO) writeNB(p []byte) (int, error) { return s.rawWrite(p, s.nwfn) }
