@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// The event loop serves the common HTTP/1.1 keep-alive request (plain or
-// over TLS, see h1tls.go) on
-// the poller's own goroutine, as a per-connection state machine: read a
+// The event loop serves the common HTTP/1.1 keep-alive request, plain or
+// over TLS (see h1tls.go), on the poller's own goroutine, as a
+// per-connection state machine: read a
 // whole bodiless idempotent request from the client, send it on a pooled
 // backend connection of the same poller, read the whole response
 // (Content-Length, fits the buffers) and write it back, never parking a

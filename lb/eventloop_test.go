@@ -188,10 +188,7 @@ func testEventLoop(t *testing.T, v variant) {
 	if _, err := io.WriteString(c, "GET /small HTTP/1.1\r\nHo"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the partial head handed to a goroutine", func() bool {
-		_, h := l.poll.loopCounts()
-		return h > handedBefore
-	})
+	waitHanded(t, l, handedBefore, "the partial head")
 	if resp, body := exchange1(t, c, br, "st: x\r\n\r\n"); resp.StatusCode != 200 || body != small {
 		t.Fatalf("split head: %d %q", resp.StatusCode, body)
 	}
@@ -301,4 +298,14 @@ func TestEventLoopModes(t *testing.T) {
 			t.Errorf("event-loop %q fifo-reads %q: loop served %d of 5 requests, want loop %v", tc.loop, tc.fifo, served, tc.want)
 		}
 	}
+}
+
+// waitHanded waits until the loop has handed a connection to a goroutine
+// since its handoff count was after.
+func waitHanded(t *testing.T, l *testLB, after uint64, what string) {
+	t.Helper()
+	waitFor(t, 10*time.Second, what+" handed to a goroutine", func() bool {
+		_, h := l.poll.loopCounts()
+		return h > after
+	})
 }

@@ -17,9 +17,11 @@ import (
 )
 
 // h1Server is the lean HTTP/1.1 server of engine-fast listeners, plain or
-// TLS (h1tls.go): one goroutine per client connection, heads parsed in
-// place, pooled backend connections, no per-request allocation on the
-// common path. HTTP/2 (ALPN h2) goes to net/http and httpProxy.
+// TLS (h1tls.go): the common keep-alive request is served in the pollers'
+// event loops (eventloop.go), anything else by a goroutine per connection;
+// heads parsed in place, pooled backend connections, no per-request
+// allocation on the common path. HTTP/2 (ALPN h2) goes to net/http and
+// httpProxy.
 type h1Server struct {
 	route     atomic.Pointer[route]
 	lg        *zap.Logger

@@ -142,10 +142,7 @@ func TestEventLoopTLSBackPressure(t *testing.T) {
 		}
 		// Not reading: the loop's write fills both buffers and the rest
 		// goes to a goroutine.
-		waitFor(t, 10*time.Second, "the relay handed to a goroutine", func() bool {
-			_, h := l.poll.loopCounts()
-			return h > handed
-		})
+		waitHanded(t, l, handed, "the relay")
 		if resp, body := readResp(t, br); resp.StatusCode != 200 || body != mid {
 			t.Fatalf("mid %d: %d, %d bytes", i, resp.StatusCode, len(body))
 		}
