@@ -386,6 +386,49 @@ func TestStatusRedundancyAndDeadMember(t *testing.T) {
 	}
 }
 
+// A step-down request is not lost to one etcd member that accepts
+// connections and never answers: the client sends each request to the
+// next member, and a try that stalled is tried again.
+func TestStepDownSurvivesAStalledMember(t *testing.T) {
+	etcd := etcdtest.New(t)
+	_, cfg := startFakes(t)
+	cfg.Etcd.Endpoints = etcd.Endpoints()
+	cfg.Timeout = 500 * time.Millisecond
+	c := NewClient(cfg, nil, nil)
+	cli, err := c.Etcd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	from, _ := c.Cfg.Node("a")
+	ctx := context.Background()
+	key := roled.StepDownKey(cfg.Prefix(), "a")
+	// Connected to every member first (a member paused before the client
+	// reached it is never picked).
+	for range 2 * etcd.Size() {
+		if _, err := cli.Get(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victim := (etcd.Leader() + 1) % etcd.Size()
+	check := etcd.MemberClient(t, etcd.Leader())
+	etcd.Pause(victim)
+	defer etcd.Resume(victim)
+	// The client sends each request to the next member in turn, and a try
+	// is two requests: three tries in a row meet the paused member.
+	for i := range etcd.Size() {
+		release, err := c.stepDown(ctx, cli, from)
+		if err != nil {
+			t.Fatalf("step-down %d with one member paused: %v", i, err)
+		}
+		defer release()
+		r, err := check.Get(ctx, key)
+		if err != nil || len(r.Kvs) != 1 {
+			t.Fatalf("step-down %d: key %v, %v", i, r, err)
+		}
+	}
+}
+
 // hapairctl prefers the readiness roled computes on the standby (it sees
 // the replica's own pg_stat_wal_receiver) over its reading of Patroni, which
 // lists a diverged replica as running; it names a stuck leader with its

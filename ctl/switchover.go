@@ -206,20 +206,42 @@ const stepDownTTL = 30 * time.Second
 // lease; release revokes the lease, which ends the request whatever the
 // outcome (a refused switchover leaves the old node free to be ACTIVE again).
 func (c *Client) stepDown(ctx context.Context, cli *clientv3.Client, from Node) (release func(), err error) {
-	tctx, cancel := context.WithTimeout(ctx, c.Cfg.Timeout)
-	defer cancel()
-	lease, err := cli.Grant(tctx, int64(stepDownTTL/time.Second))
-	if err == nil {
-		_, err = cli.Put(tctx, roled.StepDownKey(c.Cfg.Prefix(), from.Name), "hapairctl switchover", clientv3.WithLease(lease.ID))
+	var lease clientv3.LeaseID
+	for range stepDownAttempts {
+		if lease, err = c.stepDownOnce(ctx, cli, from); err == nil || ctx.Err() != nil {
+			break
+		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("step-down request for %s: %w", from.Name, err)
+		return nil, fmt.Errorf("step-down request for %s (%d tries): %w", from.Name, stepDownAttempts, err)
 	}
 	return func() {
 		rctx, rcancel := context.WithTimeout(context.Background(), c.Cfg.Timeout)
 		defer rcancel()
-		_, _ = cli.Revoke(rctx, lease.ID)
+		_, _ = cli.Revoke(rctx, lease)
 	}, nil
+}
+
+// stepDownAttempts: how many times the step-down request is tried, each
+// try bounded by timeout. One request can stall on a member that accepts
+// connections and does not answer (a paused one, or one busy rejoining)
+// while the others would serve it; the client sends the next request to
+// another member. The lab met it: a switchover asked right after a
+// partition healed failed with "context deadline exceeded".
+const stepDownAttempts = 3
+
+// stepDownOnce writes the step-down key on a new lease. A lease granted by
+// a try whose write then failed expires by itself (stepDownTTL) with no
+// key on it.
+func (c *Client) stepDownOnce(ctx context.Context, cli *clientv3.Client, from Node) (clientv3.LeaseID, error) {
+	tctx, cancel := context.WithTimeout(ctx, c.Cfg.Timeout)
+	defer cancel()
+	lease, err := cli.Grant(tctx, int64(stepDownTTL/time.Second))
+	if err != nil {
+		return 0, err
+	}
+	_, err = cli.Put(tctx, roled.StepDownKey(c.Cfg.Prefix(), from.Name), "hapairctl switchover", clientv3.WithLease(lease.ID))
+	return lease.ID, err
 }
 
 func (c *Client) postSwitchover(ctx context.Context, from, to Node) error {
