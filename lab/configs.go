@@ -107,6 +107,9 @@ backends:
 		app.String(), PatroniPort, pg.String(), fast, checkPath, t.CheckInterval, t.CheckTimeout, t.CheckFall, t.CheckRise)
 	if l.Opt.VIP && l.Opt.VIPPeer == "" {
 		body += fmt.Sprintf("vip:\n  address: %s/24\n  interface: eth0\n", LBVIPAddr)
+		if l.lbFastVIP() {
+			body += "  lease-ttl: 1s\n  fence: nftables\n"
+		}
 	}
 	name := "lb.yaml"
 	if host != LB {
@@ -148,6 +151,14 @@ log-level: info
 etcd-log-level: warn
 `, host, role, dataDir, IP(host), yamlList(ic), Witness, l.timers().EtcdHeartbeat, l.timers().EtcdElection)
 	return l.writeConfig(host+".witness.yaml", body)
+}
+
+// lbFastVIP: the balancer pair holds its VIP on a 1 s lease with the
+// nftables fence, when the lab's etcd grants 1 s leases (its minimum TTL is
+// ceil(1.5 × election-timeout): a budget's etcd, e.g. --rto 6.5s); else on
+// hapair-lb's default 2 s lease with the address lifetime fence.
+func (l *Lab) lbFastVIP() bool {
+	return l.timers().EtcdElection*3/2 <= time.Second
 }
 
 // roledConfig renders host's hapair-roled config after examples/roled.yaml.

@@ -106,7 +106,9 @@ func asyncRun(o Options) bool { return roled.Durability(o.Durability) == roled.D
 // (the takeover guard holds, README), so it shows nothing of sync's own.
 // Then the VIP scenarios with keepalived holding the VIPs (issue 20's peer,
 // side by side with the same checkers; the nodes' VIP and the balancer
-// pair's), on a run with --vip.
+// pair's), on a run with --vip. Then the balancer pair's on a lab with a
+// timing budget (--rto 6.5s): its etcd grants 1 s leases, so the pair holds
+// the VIP on a 1 s lease with the nftables fence (Lab.lbFastVIP).
 var Groups = []Group{
 	{"sync", durability("sync"), asyncRun, []Scenario{
 		{"1-bootstrap", DCSRemote, Bootstrap},
@@ -124,6 +126,12 @@ var Groups = []Group{
 			{"11-vip-roled-paused", DCSRemote, VIPRoledPaused},
 			{"17-vip-kill", DCSRemote, VIPKill},
 			{"18-vip-partition", DCSRemote, VIPPartition},
+			{"21-lb-vip-kill", DCSRemote, LBVIPKill},
+			{"22-lb-vip-partition", DCSRemote, LBVIPPartition},
+			{"23-lb-vip-paused", DCSRemote, LBVIPPaused},
+		}},
+	{"lb-vip-1s", func(o *Options) { o.VIP, o.VIPPeer, o.RTO, o.Hold = true, "", "6.5s", "" },
+		func(o Options) bool { return o.VIP && o.VIPPeer == "" && o.RTO == "" }, []Scenario{
 			{"21-lb-vip-kill", DCSRemote, LBVIPKill},
 			{"22-lb-vip-partition", DCSRemote, LBVIPPartition},
 			{"23-lb-vip-paused", DCSRemote, LBVIPPaused},

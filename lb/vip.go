@@ -27,8 +27,13 @@ type VIPConfig struct {
 	// Name of the election: the key is /hapair/<cluster>/vip/<name>
 	// (default lb). Both balancers of a pair use the same name.
 	Name string `yaml:"name"`
-	// LeaseTTL is the election lease, whole seconds (default 2s). The
-	// standby takes over within about this long after the holder dies.
+	// LeaseTTL is the election lease, whole seconds (default 2s; 1s
+	// allowed with fence: nftables). The standby takes over within about
+	// this long after the holder dies (+ up to 0.5 s: etcd's lease check).
+	// etcd grants no lease below ceil(1.5 × its election-timeout): a 1 s
+	// lease needs election-timeout ≤ 666ms, else etcd grants 2 s, the
+	// holder still gives up on the 1 s deadline and the takeover takes 2 s
+	// (logged at the grant).
 	LeaseTTL time.Duration `yaml:"lease-ttl"`
 	// SafetyMargin: the holder gives up at last keep-alive sent + lease-ttl
 	// - safety-margin (default 250ms; the kernel lifetime of the address
@@ -59,8 +64,11 @@ func (c *Config) validateVIP() error {
 	if v.Name == "" || strings.ContainsAny(v.Name, "/ \t\n") {
 		return config.Errorf("vip.name", v.Name, "required, without '/' or spaces")
 	}
-	if v.LeaseTTL < 2*time.Second || v.LeaseTTL%time.Second != 0 {
-		return config.Errorf("vip.lease-ttl", v.LeaseTTL, "must be whole seconds, at least 2s (etcd leases have 1 s resolution)")
+	if v.LeaseTTL%time.Second != 0 || v.LeaseTTL < time.Second {
+		return config.Errorf("vip.lease-ttl", v.LeaseTTL, "must be whole seconds, at least 1s (etcd leases have 1 s resolution)")
+	}
+	if v.LeaseTTL < 2*time.Second && v.Fence != vip.FenceNftables {
+		return config.Errorf("vip.lease-ttl", v.LeaseTTL, "below 2s needs vip.fence: nftables (the address lifetime fence is whole seconds)")
 	}
 	if v.SafetyMargin <= 0 || v.SafetyMargin > v.LeaseTTL/2 {
 		return config.Errorf("vip.safety-margin", v.SafetyMargin, "must be positive and at most half of vip.lease-ttl (%s)", v.LeaseTTL)
@@ -68,7 +76,7 @@ func (c *Config) validateVIP() error {
 	if v.KeepAliveInterval <= 0 {
 		return config.Errorf("vip.keepalive-interval", v.KeepAliveInterval, "must be positive")
 	}
-	return vip.CheckTiming("vip.lease-ttl", v.LeaseTTL, v.SafetyMargin, v.KeepAliveInterval)
+	return vip.CheckTiming("vip.lease-ttl", v.Fence, v.LeaseTTL, v.SafetyMargin, v.KeepAliveInterval)
 }
 
 // vipHolder runs the election of a balancer pair and holds the VIP while
@@ -85,6 +93,8 @@ type vipHolder struct {
 	start time.Time
 	node  string
 	guard *vip.Guard
+
+	warnedTTL bool // grant only: etcd's minimum TTL logged once
 
 	lease   atomic.Pointer[vipLease]
 	holding atomic.Int64 // the lease on which we hold the key; 0: not held
@@ -180,6 +190,11 @@ func (h *vipHolder) grant(ctx context.Context, cli *clientv3.Client) (int64, err
 	resp, err := cli.Grant(tctx, int64(h.cfg.LeaseTTL/time.Second))
 	if err != nil {
 		return 0, err
+	}
+	if got := time.Duration(resp.TTL) * time.Second; got > h.cfg.LeaseTTL && !h.warnedTTL {
+		h.warnedTTL = true
+		h.lg.Warn("etcd granted a longer lease than vip.lease-ttl (its minimum is ceil(1.5 × election-timeout)): the holder keeps to lease-ttl, a takeover waits for etcd's",
+			zap.Duration("lease_ttl", h.cfg.LeaseTTL), zap.Duration("granted", got))
 	}
 	h.publish(int64(resp.ID), resp.TTL, sent)
 	return int64(resp.ID), nil

@@ -30,18 +30,24 @@ type lbProcess struct {
 
 func startVIPBalancer(t *testing.T, name string, h *nettest.Host, etcd []string, backend string) *lbProcess {
 	t.Helper()
+	return startVIPBalancerWith(t, name, h, etcd, backend, "  lease-ttl: 2s\n")
+}
+
+// startVIPBalancerWith: vipExtra is added to the vip section (YAML lines
+// indented by two spaces).
+func startVIPBalancerWith(t *testing.T, name string, h *nettest.Host, etcd []string, backend, vipExtra string) *lbProcess {
+	t.Helper()
 	bin := buildBinary(t)
 	yml := lbYAML("127.0.0.1:0", backend) + fmt.Sprintf(`etcd:
   endpoints: ["%s"]
 vip:
-  address: 10.78.0.100/24
+  address: %s/24
   interface: eth0
   netns: %s
   name: pair
-  lease-ttl: 2s
   safety-margin: 250ms
   keepalive-interval: 250ms
-`, strings.Join(etcd, `","`), h.NetnsPath())
+`, strings.Join(etcd, `","`), pairVIPOf(h), h.NetnsPath()) + vipExtra
 	path := filepath.Join(t.TempDir(), "lb.yaml")
 	if err := os.WriteFile(path, []byte(yml), 0o644); err != nil {
 		t.Fatal(err)
@@ -110,6 +116,13 @@ func procStateOf(pid int) string {
 }
 
 func holds(h *nettest.Host) bool { ok, _ := h.Has(pairVIP); return ok }
+
+// pairVIPOf is the pair's VIP on h's LAN: .100 of its /24.
+func pairVIPOf(h *nettest.Host) netip.Addr {
+	a := h.Addr.Addr().As4()
+	a[3] = 100
+	return netip.AddrFrom4(a)
+}
 
 // Must show (issue 20, the balancer pair): two hapair-lb processes, one
 // VIP. The holder is paused past its lease (the kernel drops the VIP before
@@ -218,5 +231,86 @@ func TestVIPBalancerPair(t *testing.T) {
 	if !strings.Contains(p1.logs.String()+p2.logs.String()+restarted.logs.String(), "etcd unreachable") &&
 		!strings.Contains(p1.logs.String()+p2.logs.String()+restarted.logs.String(), "keep-alive failing") {
 		t.Error("no loud log line while etcd was gone")
+	}
+}
+
+// The balancer pair with fence: nftables and a 1 s lease (etcd with a
+// 600 ms election timeout grants 1 s leases): the holder SIGSTOPped past its
+// lease stops answering for the VIP before its deadline and the standby
+// takes it; the resumed one stays silent; the new holder SIGKILLed goes
+// silent before its deadline too. Watched by ARP from a third host every
+// 10 ms: never two answers in one round. The takeover times are logged
+// (the lab measures them); nothing here depends on them.
+func TestVIPBalancerPairNftablesFence(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test (real etcd, processes); skipped with -short")
+	}
+	lan := nettest.NewLAN(t)
+	h1, h2 := lan.AddHost("L1", "10.79.0.1/24"), lan.AddHost("L2", "10.79.0.2/24")
+	client := lan.AddHost("C", "10.79.0.3/24")
+	v := pairVIPOf(h1)
+	c := etcdtest.New(t, etcdtest.WithTiming(60*time.Millisecond, 600*time.Millisecond))
+	backend := newFakeNode(t, "app")
+	const extra = "  lease-ttl: 1s\n  fence: nftables\n"
+	p1 := startVIPBalancerWith(t, "L1", h1, c.Endpoints(), backend.addr(), extra)
+	p2 := startVIPBalancerWith(t, "L2", h2, c.Endpoints(), backend.addr(), extra)
+	arp := nettest.WatchARP(t, client, v, 10*time.Millisecond)
+	const deadline = time.Second - 250*time.Millisecond // lease-ttl - safety-margin, after the last keep-alive sent
+	mac := map[*lbProcess]string{p1: h1.MAC.String(), p2: h2.MAC.String()}
+	answers := func(p *lbProcess, since time.Time) bool { return arp.LastAnswer(mac[p]).After(since) }
+
+	var holder, standby *lbProcess
+	waitFor(t, 20*time.Second, "one balancer answering for the VIP", func() bool {
+		now := time.Now().Add(-50 * time.Millisecond)
+		a, b := answers(p1, now), answers(p2, now)
+		switch {
+		case a && !b:
+			holder, standby = p1, p2
+		case b && !a:
+			holder, standby = p2, p1
+		}
+		return a != b
+	})
+	t.Logf("%s holds the VIP first", holder.name)
+
+	// 1. SIGSTOP the holder past its lease.
+	holder.signal(t, syscall.SIGSTOP)
+	waitFor(t, 5*time.Second, holder.name+" stopped", func() bool { return procStateOf(holder.cmd.Process.Pid) == "T" })
+	stopped := time.Now()
+	waitFor(t, 15*time.Second, "ARP answers from the standby "+standby.name, func() bool { return answers(standby, stopped) })
+	took := arp.LastAnswer(mac[standby]).Sub(stopped)
+	time.Sleep(time.Until(stopped.Add(2 * time.Second))) // the pause outlasts the lease (scenario)
+	last := arp.LastAnswer(mac[holder])
+	if !last.Before(stopped.Add(deadline)) {
+		t.Fatalf("the stopped %s answered for the VIP %s after SIGSTOP, past its deadline (< %s)", holder.name, last.Sub(stopped), deadline)
+	}
+	t.Logf("pause: last answer from %s %s after SIGSTOP; first from %s %s after it", holder.name, last.Sub(stopped), standby.name, took)
+	holder.signal(t, syscall.SIGCONT)
+	resumed := time.Now()
+	time.Sleep(time.Second) // the resumed one stays silent (scenario)
+	if answers(holder, resumed) {
+		t.Fatalf("the resumed %s answers for the VIP again", holder.name)
+	}
+	holder, standby = standby, holder
+
+	// 2. SIGKILL the new holder: silent before its deadline, the standby
+	// answers after the lease expires.
+	killed := time.Now()
+	holder.kill()
+	waitFor(t, 15*time.Second, "ARP answers from "+standby.name, func() bool { return answers(standby, killed) })
+	took = arp.LastAnswer(mac[standby]).Sub(killed)
+	if last := arp.LastAnswer(mac[holder]); !last.Before(killed.Add(deadline)) {
+		t.Fatalf("the killed %s answered %s after SIGKILL, past its deadline", holder.name, last.Sub(killed))
+	}
+	t.Logf("kill of %s: first answer from %s %s after SIGKILL", holder.name, standby.name, took)
+
+	arp.Stop()
+	rounds, answered, doubles, byMAC := arp.Snapshot()
+	t.Logf("ARP: %d rounds, %d answered, by MAC %v", rounds, answered, byMAC)
+	if doubles != 0 {
+		t.Fatalf("two balancers answered for the VIP in %d rounds", doubles)
+	}
+	if logs := p1.logs.String() + p2.logs.String(); strings.Contains(logs, "granted a longer lease") {
+		t.Errorf("etcd granted a longer lease than 1 s:\n%s", logs)
 	}
 }

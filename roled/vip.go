@@ -18,7 +18,7 @@ func (c Config) validateVIP() error {
 	if err := c.VIP.Validate("vip"); err != nil {
 		return err
 	}
-	return vip.CheckTiming("lease-ttl", c.LeaseTTL, c.SafetyMargin, c.KeepAliveInterval)
+	return vip.CheckTiming("lease-ttl", c.VIP.Fence, c.LeaseTTL, c.SafetyMargin, c.KeepAliveInterval)
 }
 
 // newVIP opens the VIP's interface when one is configured.

@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh [test|lab|deploy|bench]...   Idempotent: installs only what is missing.
 set -euo pipefail
 declare -A sets=(
-  [test]="postgresql-15 haproxy prometheus ansible ansible-lint systemd iproute2 iptables patroni python3-etcd keepalived"
+  [test]="postgresql-15 haproxy prometheus ansible ansible-lint systemd iproute2 iptables patroni python3-etcd keepalived nftables"
   [lab]="postgresql-15 patroni python3-etcd iproute2 iptables procps"
   # deploy/hosts: a Debian rootfs (debootstrap), systemd containers (nspawn), nsenter.
   [deploy]="debootstrap systemd-container util-linux iproute2"

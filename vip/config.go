@@ -10,7 +10,11 @@
 //   - in the kernel, every address is added with a valid lifetime that ends
 //     before that deadline (valid_lft, refreshed on every new deadline), so a
 //     process that is paused, killed or stuck loses the address anyway: the
-//     kernel deletes it on time without the process.
+//     kernel deletes it on time without the process. Lifetimes are whole
+//     seconds, so this fence needs a lease of about 2 s or more; with
+//     fence: nftables an nftables set element whose timeout (milliseconds)
+//     ends before the deadline silences the addresses instead (no ARP
+//     answer, no packet in), which allows a 1 s lease (nft_linux.go).
 package vip
 
 import (
@@ -39,15 +43,36 @@ type Config struct {
 	AnnounceCount int `yaml:"announce-count"`
 	// AnnounceInterval is the time between announcement rounds (default 200ms).
 	AnnounceInterval time.Duration `yaml:"announce-interval"`
+	// Fence is the kernel fence for an owner that stops while it holds the
+	// addresses (paused, killed, stuck): "lifetime" (the default) deletes
+	// them at their kernel valid lifetime, whole seconds ending KernelSlack
+	// (500ms) before the deadline, so the lease must leave at least 1 s of
+	// it; "nftables" also installs nftables tables hapair_<part>_vip (arp
+	// and ip families) that drop the host's ARP answers for the addresses
+	// and every packet to them once a set element, refreshed with each
+	// deadline, times out FenceSlack (150ms) before it: millisecond
+	// precision, for leases down to 1 s. nftables: IPv4 addresses only;
+	// needs nf_tables in the kernel (CAP_NET_ADMIN, as the addresses do).
+	Fence Fence `yaml:"fence"`
 	// Netns is the path of the network namespace that holds the interface,
 	// e.g. /run/netns/front (default "": the process's own). For containers
 	// and tests; the process still talks to etcd from its own namespace.
 	Netns string `yaml:"netns"`
 }
 
+// Fence names the kernel fence (Config.Fence).
+type Fence string
+
+const (
+	// FenceLifetime: the addresses' kernel valid lifetime (whole seconds).
+	FenceLifetime Fence = "lifetime"
+	// FenceNftables: an nftables set element's timeout (milliseconds).
+	FenceNftables Fence = "nftables"
+)
+
 // Default returns the defaults of the section (disabled).
 func Default() Config {
-	return Config{AnnounceCount: 3, AnnounceInterval: 200 * time.Millisecond}
+	return Config{AnnounceCount: 3, AnnounceInterval: 200 * time.Millisecond, Fence: FenceLifetime}
 }
 
 // Enabled reports whether an address is configured.
@@ -106,6 +131,21 @@ func (c Config) Validate(prefix string) error {
 	if c.AnnounceCount > 1 && (c.AnnounceInterval <= 0 || c.AnnounceInterval > 10*time.Second) {
 		return config.Errorf(config.Join(prefix, "announce-interval"), c.AnnounceInterval, "must be positive and at most 10s")
 	}
+	switch c.Fence {
+	case FenceLifetime, "":
+	case FenceNftables:
+		for i, p := range c.Prefixes() {
+			if p.Addr().Is6() {
+				field := "address"
+				if i > 0 {
+					field = "extra[" + itoa(i-1) + "]"
+				}
+				return config.Errorf(config.Join(prefix, field), p.String(), "fence: nftables covers IPv4 addresses only; use fence: lifetime for IPv6")
+			}
+		}
+	default:
+		return config.Errorf(config.Join(prefix, "fence"), c.Fence, "must be lifetime or nftables")
+	}
 	if c.Netns != "" && !strings.HasPrefix(c.Netns, "/") {
 		return config.Errorf(config.Join(prefix, "netns"), c.Netns, "must be an absolute path")
 	}
@@ -113,13 +153,23 @@ func (c Config) Validate(prefix string) error {
 }
 
 // CheckTiming refuses a lease whose deadline leaves no room for the kernel
-// lifetime. The lifetime is whole seconds and ends KernelSlack before the
-// deadline; it is set when a keep-alive answer arrives, up to one
+// fence. The fence is set when a keep-alive answer arrives, up to one
 // keep-alive period (taken as the round trip allowed) after the deadline's
-// base. So Lifetime(lease-ttl - safety-margin - keepalive-interval) must be
-// at least 1s and longer than keepalive-interval, or the address would lapse
-// between refreshes. field names the setting to change (e.g. "lease-ttl").
-func CheckTiming(field string, ttl, margin, keepalive time.Duration) error {
+// base, and must outlast the next refresh. With fence lifetime the
+// lifetime is whole seconds ending KernelSlack before the deadline, so
+// Lifetime(lease-ttl - safety-margin - keepalive-interval) must be at least
+// 1s and longer than keepalive-interval; with fence nftables the element's
+// timeout, ending FenceSlack before the deadline, must be longer than
+// keepalive-interval. field names the setting to change (e.g. "lease-ttl").
+func CheckTiming(field string, fence Fence, ttl, margin, keepalive time.Duration) error {
+	if fence == FenceNftables {
+		if f := FenceTimeout(ttl - margin - keepalive); f <= keepalive {
+			return config.Errorf(field, ttl,
+				"with vip fence nftables, lease-ttl - safety-margin - keepalive-interval (%s) must leave an nftables timeout ending %s before the deadline and longer than keepalive-interval (%s); got %s",
+				ttl-margin-keepalive, FenceSlack, keepalive, f)
+		}
+		return nil
+	}
 	if l := Lifetime(ttl - margin - keepalive); l < time.Second || l <= keepalive {
 		return config.Errorf(field, ttl,
 			"with vip, lease-ttl - safety-margin - keepalive-interval (%s) must leave a whole-second kernel address lifetime ending %s before the deadline and longer than keepalive-interval (%s); got %s",

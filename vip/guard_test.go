@@ -27,7 +27,7 @@ type fakeLink struct {
 	failAdd   bool
 }
 
-func (f *fakeLink) replace(_ []netip.Prefix, l time.Duration) error {
+func (f *fakeLink) replace(_ []netip.Prefix, l, _ time.Duration) error {
 	if f.onReplace != nil {
 		f.onReplace()
 	}
@@ -262,14 +262,49 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 			t.Errorf("want an error naming %s, got %v", c.field, err)
 		}
 	}
-	if err := CheckTiming("lease-ttl", 5*time.Second, time.Second, time.Second); err != nil {
+	if err := CheckTiming("lease-ttl", FenceLifetime, 5*time.Second, time.Second, time.Second); err != nil {
 		t.Errorf("defaults refused: %v", err)
 	}
-	if err := CheckTiming("lease-ttl", 2*time.Second, 500*time.Millisecond, 250*time.Millisecond); err == nil {
+	if err := CheckTiming("lease-ttl", FenceLifetime, 2*time.Second, 500*time.Millisecond, 250*time.Millisecond); err == nil {
 		t.Error("a 1.5 s deadline with 250ms keep-alives accepted: the lifetime set after a keep-alive is 0")
 	}
-	if err := CheckTiming("vip.lease-ttl", 2*time.Second, 250*time.Millisecond, 250*time.Millisecond); err != nil {
+	if err := CheckTiming("vip.lease-ttl", FenceLifetime, 2*time.Second, 250*time.Millisecond, 250*time.Millisecond); err != nil {
 		t.Errorf("hapair-lb's defaults refused: %v", err)
+	}
+}
+
+// The kernel fence's times, both fences: the lifetime ends KernelSlack
+// before the deadline in whole seconds; the nftables timeout ends
+// FenceSlack before it in milliseconds, and the lifetime then outlasts it.
+func TestKernelTimes(t *testing.T) {
+	const ms = time.Millisecond
+	for _, c := range []struct {
+		fence          Fence
+		rem            time.Duration
+		lifetime, nftT time.Duration
+	}{
+		{FenceLifetime, 2600 * ms, 2 * time.Second, 0},
+		{FenceLifetime, 1400 * ms, 0, 0},
+		{FenceNftables, 1400 * ms, 3 * time.Second, 1250 * ms},
+		{FenceNftables, 500 * ms, 2 * time.Second, 350 * ms},
+		{FenceNftables, 150 * ms, 0, 0},
+		{FenceNftables, 2 * time.Second, 3 * time.Second, 1850 * ms},
+	} {
+		g := &Guard{cfg: Config{Fence: c.fence}}
+		if l, f := g.kernelTimes(c.rem); l != c.lifetime || f != c.nftT {
+			t.Errorf("%s, %s left: lifetime %s, nftables %s; want %s, %s", c.fence, c.rem, l, f, c.lifetime, c.nftT)
+		}
+	}
+	// hapair-lb with a 1 s lease and its default margin and keep-alive:
+	// the nftables timeout after a keep-alive is 350ms, above 250ms.
+	if err := CheckTiming("vip.lease-ttl", FenceNftables, time.Second, 250*ms, 250*ms); err != nil {
+		t.Errorf("1 s lease with fence nftables refused: %v", err)
+	}
+	if err := CheckTiming("vip.lease-ttl", FenceLifetime, time.Second, 250*ms, 250*ms); err == nil {
+		t.Error("1 s lease with fence lifetime accepted")
+	}
+	if err := CheckTiming("vip.lease-ttl", FenceNftables, time.Second, 250*ms, 400*ms); err == nil {
+		t.Error("1 s lease with 400ms keep-alives accepted: the timeout set after one (200ms) lapses before the next")
 	}
 }
 

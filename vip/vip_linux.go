@@ -19,10 +19,13 @@ import (
 type nlLink struct {
 	name string
 	h    *netlink.Handle
-	pkt  int // AF_PACKET socket, send only
+	pkt  int       // AF_PACKET socket, send only
+	nft  *nftFence // fence: nftables; nil otherwise
 }
 
-func openLink(cfg Config) (link, error) {
+// openLink opens cfg's interface; part names the nftables tables
+// (hapair_<part>_vip) with fence: nftables.
+func openLink(cfg Config, part string) (link, error) {
 	ns := netns.None()
 	if cfg.Netns != "" {
 		var err error
@@ -53,6 +56,12 @@ func openLink(cfg Config) (link, error) {
 	if _, err := h.LinkByName(cfg.Interface); err != nil {
 		l.close()
 		return nil, fmt.Errorf("vip: interface %s: %w", cfg.Interface, err)
+	}
+	if cfg.Fence == FenceNftables {
+		if l.nft, err = openNftFence(ns, "hapair_"+part+"_vip", cfg.Prefixes()); err != nil {
+			l.close()
+			return nil, err
+		}
 	}
 	return l, nil
 }
@@ -115,10 +124,16 @@ func nlAddr(p netip.Prefix, lifetime time.Duration) *netlink.Addr {
 	return na
 }
 
-func (l *nlLink) replace(ps []netip.Prefix, lifetime time.Duration) error {
+func (l *nlLink) replace(ps []netip.Prefix, lifetime, fence time.Duration) error {
 	lk, err := l.h.LinkByName(l.name)
 	if err != nil {
 		return err
+	}
+	if l.nft != nil {
+		// The fence first: an address never answers outside it.
+		if err := l.nft.hold(fence); err != nil {
+			return err
+		}
 	}
 	for _, p := range ps {
 		if err := l.h.AddrReplace(lk, nlAddr(p, lifetime)); err != nil {
@@ -142,6 +157,11 @@ func (l *nlLink) remove(ps []netip.Prefix) error {
 		err := l.h.AddrDel(lk, nlAddr(p, 0))
 		if err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) && !errors.Is(err, unix.ENODEV) && first == nil {
 			first = fmt.Errorf("remove %s: %w", p, err)
+		}
+	}
+	if l.nft != nil {
+		if err := l.nft.release(); err != nil && first == nil {
+			first = err
 		}
 	}
 	return first
@@ -174,8 +194,15 @@ func (l *nlLink) announce(ps []netip.Prefix) error {
 }
 
 func (l *nlLink) close() error {
+	var err error
+	if l.nft != nil {
+		err = l.nft.close()
+	}
 	l.h.Close()
-	return unix.Close(l.pkt)
+	if cerr := unix.Close(l.pkt); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

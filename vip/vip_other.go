@@ -4,6 +4,6 @@ package vip
 
 import "errors"
 
-func openLink(Config) (link, error) {
+func openLink(Config, string) (link, error) {
 	return nil, errors.New("vip: floating addresses need Linux (netlink)")
 }

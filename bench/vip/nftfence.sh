@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/vip/nftfence.sh — how precisely an nftables set element's timeout
-# could fence a VIP (README, VIP section: what a 1 s balancer lease would
-# take; not used by hapair). Namespace hA holds 10.99.0.100; its ARP
+# fences a VIP: the measurement behind vip.FenceSlack (README, VIP section,
+# fence: nftables; vip/nft_linux.go makes the same rules). Namespace hA holds 10.99.0.100; its ARP
 # output and its prerouting drop the VIP unless it is in set "held",
 # whose element is added with a timeout. hB pings the VIP every 10 ms
 # (ping may be slower) and prints when the last reply came relative to

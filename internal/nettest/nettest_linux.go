@@ -328,6 +328,7 @@ type ARPWatch struct {
 	Answered int            // rounds with at least one answer
 	Doubles  int            // rounds answered by two or more MACs
 	ByMAC    map[string]int // answers by MAC
+	last     map[string]time.Time
 	lastMACs map[string]bool
 	stop     context.CancelFunc
 	done     chan struct{}
@@ -367,7 +368,7 @@ func StartARP(h *Host, target netip.Addr, every time.Duration) (*ARPWatch, error
 	}
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 20000})
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &ARPWatch{ByMAC: map[string]int{}, lastMACs: map[string]bool{},
+	w := &ARPWatch{ByMAC: map[string]int{}, last: map[string]time.Time{}, lastMACs: map[string]bool{},
 		stop: cancel, done: make(chan struct{})}
 	req := arpRequest(h.MAC, h.Addr.Addr(), target)
 	var wg sync.WaitGroup
@@ -410,6 +411,7 @@ func StartARP(h *Host, target netip.Addr, every time.Duration) (*ARPWatch, error
 			mac := net.HardwareAddr(append([]byte(nil), a[8:14]...)).String()
 			w.mu.Lock()
 			w.ByMAC[mac]++
+			w.last[mac] = time.Now()
 			if len(w.lastMACs) == 0 {
 				w.Answered++
 			}
@@ -441,6 +443,13 @@ func (w *ARPWatch) Snapshot() (rounds, answered, doubles int, byMAC map[string]i
 		m[k] = v
 	}
 	return w.Rounds, w.Answered, w.Doubles, m
+}
+
+// LastAnswer is when mac last answered (zero: never).
+func (w *ARPWatch) LastAnswer(mac string) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last[mac]
 }
 
 // arpRequest is a broadcast "who has target, tell ip".

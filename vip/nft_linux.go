@@ -1,0 +1,178 @@
+package vip
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// nftFence is the millisecond fence (fence: nftables). Two tables, one in
+// the arp family and one in the ip family, both named hapair_<part>_vip,
+// hold a set "held" of addresses whose elements time out, and drop, for
+// every configured address that is not in "held":
+//   - the host's ARP output with that sender address (no ARP answer, no
+//     gratuitous ARP), in an output chain of the arp family;
+//   - every packet sent to it, in a prerouting chain at priority -300
+//     (before conntrack), so a client whose neighbour entry is still
+//     fresh reaches nothing either.
+//
+// hold puts the addresses in "held" with a timeout that ends before the
+// owner's deadline; the kernel drops an element at its timeout on its own
+// (measured: answers stop 0.3-13 ms before it, never after;
+// bench/vip/nftfence.sh), so a paused or killed owner goes silent on time
+// while the address itself may stay on the interface until its lifetime.
+//
+// These are the rules bench/vip/nftfence.sh makes with nft(8), as
+// `nft --debug=netlink` shows them: a payload load of the sender (arp,
+// network header + 14) or destination (ip, network header + 16) address,
+// a compare with the address, an inverted lookup in "held", drop.
+type nftFence struct {
+	c    *nftables.Conn
+	tabs []*nftables.Table
+	sets []*nftables.Set
+	keys []nftables.SetElement
+}
+
+// nfARPOut is the arp family's output hook (NF_ARP_OUT); the inet hooks'
+// numbering does not apply to it.
+const nfARPOut = 1
+
+// nftMu serialises openNftFence: the library numbers new sets from a
+// package counter it does not guard across connections.
+var nftMu sync.Mutex
+
+func openNftFence(ns netns.NsHandle, table string, ps []netip.Prefix) (*nftFence, error) {
+	nftMu.Lock()
+	defer nftMu.Unlock()
+	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if ns.IsOpen() {
+		opts = append(opts, nftables.WithNetNSFd(int(ns)))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("vip: nftables: %w", err)
+	}
+	f := &nftFence{c: c}
+	for _, p := range ps {
+		a := p.Addr().As4()
+		f.keys = append(f.keys, nftables.SetElement{Key: a[:]})
+	}
+	arpHook, preHook := nftables.ChainHook(nfARPOut), *nftables.ChainHookPrerouting
+	arpPrio, prePrio := nftables.ChainPriority(0), nftables.ChainPriority(-300)
+	for _, fam := range []struct {
+		family nftables.TableFamily
+		hook   *nftables.ChainHook
+		prio   *nftables.ChainPriority
+		offset uint32 // of the address checked, from the network header
+	}{
+		{nftables.TableFamilyARP, &arpHook, &arpPrio, 14},  // ARP sender protocol address
+		{nftables.TableFamilyIPv4, &preHook, &prePrio, 16}, // IPv4 destination
+	} {
+		tab := &nftables.Table{Name: table, Family: fam.family}
+		// Add (a no-op when present) then delete: a table left by a
+		// process that died goes, with whatever it held.
+		c.AddTable(tab)
+		c.DelTable(tab)
+		c.AddTable(tab)
+		set := &nftables.Set{Table: tab, Name: "held", KeyType: nftables.TypeIPAddr, HasTimeout: true}
+		if err := c.AddSet(set, nil); err != nil {
+			c.CloseLasting()
+			return nil, fmt.Errorf("vip: nftables set: %w", err)
+		}
+		accept := nftables.ChainPolicyAccept
+		ch := c.AddChain(&nftables.Chain{Name: "fence", Table: tab, Type: nftables.ChainTypeFilter,
+			Hooknum: fam.hook, Priority: fam.prio, Policy: &accept})
+		for _, k := range f.keys {
+			c.AddRule(&nftables.Rule{Table: tab, Chain: ch, Exprs: []expr.Any{
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.offset, Len: 4},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: k.Key},
+				&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, Invert: true},
+				&expr.Verdict{Kind: expr.VerdictDrop},
+			}})
+		}
+		f.tabs, f.sets = append(f.tabs, tab), append(f.sets, set)
+	}
+	if err := c.Flush(); err != nil {
+		c.CloseLasting()
+		return nil, fmt.Errorf("vip: nftables tables %s (needs CAP_NET_ADMIN and nf_tables): %w", table, err)
+	}
+	return f, nil
+}
+
+// hold makes the addresses answer for d from now (the kernel's now). One
+// transaction per call: add (a no-op for a present element), delete, add
+// with the new timeout, so lookups see the old element or the new one,
+// never none.
+func (f *nftFence) hold(d time.Duration) error {
+	if d < time.Millisecond {
+		return errors.New("nftables fence: timeout below 1ms")
+	}
+	d = d.Truncate(time.Millisecond) // the kernel's unit; never round up
+	for _, s := range f.sets {
+		if err := f.batch(s, d); err != nil {
+			return err
+		}
+	}
+	if err := f.c.Flush(); err != nil {
+		return fmt.Errorf("nftables fence: %w", err)
+	}
+	return nil
+}
+
+// release silences the addresses now.
+func (f *nftFence) release() error {
+	for _, s := range f.sets {
+		if err := f.batch(s, 0); err != nil {
+			return err
+		}
+	}
+	if err := f.c.Flush(); err != nil {
+		return fmt.Errorf("nftables fence: %w", err)
+	}
+	return nil
+}
+
+// batch queues the element changes of one set: present afterwards with
+// timeout d, or absent when d is 0.
+func (f *nftFence) batch(s *nftables.Set, d time.Duration) error {
+	tmp := make([]nftables.SetElement, len(f.keys))
+	for i, k := range f.keys {
+		tmp[i] = nftables.SetElement{Key: k.Key, Timeout: time.Millisecond}
+	}
+	if err := f.c.SetAddElements(s, tmp); err != nil {
+		return err
+	}
+	if err := f.c.SetDeleteElements(s, f.keys); err != nil {
+		return err
+	}
+	if d == 0 {
+		return nil
+	}
+	els := make([]nftables.SetElement, len(f.keys))
+	for i, k := range f.keys {
+		els[i] = nftables.SetElement{Key: k.Key, Timeout: d}
+	}
+	return f.c.SetAddElements(s, els)
+}
+
+// close deletes the tables: the addresses are gone by then (Guard.Close).
+func (f *nftFence) close() error {
+	for _, t := range f.tabs {
+		f.c.DelTable(t)
+	}
+	err := f.c.Flush()
+	if cerr := f.c.CloseLasting(); err == nil {
+		err = cerr
+	}
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("nftables fence: %w", err)
+	}
+	return nil
+}

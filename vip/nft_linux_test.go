@@ -1,0 +1,242 @@
+package vip
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hapair/hapair/internal/nettest"
+)
+
+// fence: nftables, with a real kernel: the owner adds the address (Sync),
+// refreshes it once with a later deadline, then does nothing at all, as a
+// stopped process would. From a third host, ARP requests every 10 ms are
+// answered while the set element lives and never after FenceSlack before
+// the deadline; a TCP connection attempt (to a neighbour entry pinned to
+// the holder, as a client's still-fresh entry would be) is refused by the
+// holder while held and reaches nothing after. A later Sync holds the
+// address again (over the expired element), a lost fence silences it at
+// once, and Close leaves no table behind.
+func TestNftablesFenceSilencesBeforeTheDeadline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs network namespaces; skipped with -short")
+	}
+	lan := nettest.NewLAN(t)
+	a, c := lan.AddHost("A", "10.82.0.1/24"), lan.AddHost("C", "10.82.0.3/24")
+	v4 := netip.MustParseAddr("10.82.0.100")
+	cfg := Default()
+	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.82.0.100/24", "eth0", a.NetnsPath(), FenceNftables
+	start := time.Now()
+	now := func() time.Duration { return time.Since(start) }
+	var deadline atomic.Int64
+	var ok atomic.Bool
+	ok.Store(true)
+	deadline.Store(int64(900 * time.Millisecond))
+	g, err := New(cfg, "test", zaptest.NewLogger(t), now, func() (time.Duration, bool) {
+		return time.Duration(deadline.Load()), ok.Load()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			g.Close()
+		}
+	}()
+	pinNeighbour(t, c, v4, a.MAC)
+	arp := nettest.WatchARP(t, c, v4, 10*time.Millisecond)
+	mac := a.MAC.String()
+
+	g.Sync()
+	waitFor(t, 2*time.Second, "an ARP answer from the holder", func() bool { return !arp.LastAnswer(mac).IsZero() })
+	if got := dial(t, c, v4); got != dialRefused {
+		t.Fatalf("TCP to the held VIP: %s, want refused (the holder's RST)", got)
+	}
+	// Refresh before the first deadline: answers go on past it.
+	time.Sleep(time.Until(start.Add(400 * time.Millisecond))) // a keep-alive's arrival (scenario)
+	const later = 1400 * time.Millisecond
+	deadline.Store(int64(later))
+	g.Sync()
+	// Nothing more from the owner: wait past the later deadline.
+	time.Sleep(time.Until(start.Add(later + 300*time.Millisecond))) // the stop outlasts the deadline (scenario)
+	last := arp.LastAnswer(mac)
+	t.Logf("last ARP answer %s after start; deadlines 900ms then %s", last.Sub(start), later)
+	if !last.After(start.Add(900 * time.Millisecond)) {
+		t.Errorf("no answer after the first deadline: the refresh did not extend the fence")
+	}
+	if !last.Before(start.Add(later)) {
+		t.Errorf("answered ARP %s after start, past the deadline %s", last.Sub(start), later)
+	}
+	if held, _ := a.Has(v4); !held {
+		t.Error("the address left the interface: with fence nftables it stays until its lifetime, silenced")
+	}
+	if got := dial(t, c, v4); got != dialTimeout {
+		t.Fatalf("TCP to the fenced VIP: %s, want no answer at all", got)
+	}
+	_, answered, _, _ := arp.Snapshot()
+
+	// Held again over the expired element; then the fence is lost.
+	deadline.Store(int64(now() + 5*time.Second))
+	g.Sync()
+	waitFor(t, 2*time.Second, "ARP answers again", func() bool { _, n, _, _ := arp.Snapshot(); return n > answered })
+	if got := dial(t, c, v4); got != dialRefused {
+		t.Fatalf("TCP to the re-held VIP: %s, want refused", got)
+	}
+	ok.Store(false)
+	g.Sync()
+	lost := time.Now()
+	time.Sleep(200 * time.Millisecond) // 20 ARP rounds (scenario)
+	if l := arp.LastAnswer(mac); l.After(lost.Add(20 * time.Millisecond)) {
+		t.Errorf("answered ARP %s after the fence was lost", l.Sub(lost))
+	}
+	if held, _ := a.Has(v4); held {
+		t.Error("the address stayed on the interface after the fence was lost")
+	}
+	_, _, doubles, byMAC := arp.Snapshot()
+	if doubles != 0 || len(byMAC) != 1 {
+		t.Errorf("ARP answers by MAC %v, doubles %d", byMAC, doubles)
+	}
+	closed = true
+	if err := g.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out := nftList(t, a); strings.Contains(out, "hapair_test_vip") {
+		t.Errorf("tables left after Close:\n%s", out)
+	}
+}
+
+// A table left by a process that died goes when the next one opens, with
+// what it held: nothing answers until the new owner holds the address.
+func TestNftablesFenceReplacesLeftovers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs network namespaces; skipped with -short")
+	}
+	lan := nettest.NewLAN(t)
+	a := lan.AddHost("A", "10.83.0.1/24")
+	cfg := Default()
+	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.83.0.100/24", "eth0", a.NetnsPath(), FenceNftables
+	l1, err := openLink(cfg, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l1.replace(cfg.Prefixes(), 10*time.Second, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// l1 "dies": its socket closes, its tables stay.
+	n := l1.(*nlLink)
+	if err := n.nft.c.CloseLasting(); err != nil {
+		t.Fatal(err)
+	}
+	if out := nftList(t, a); !strings.Contains(out, "10.83.0.100") {
+		t.Fatalf("the held element is not in the set:\n%s", out)
+	}
+	l2, err := openLink(cfg, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := nftList(t, a)
+	if strings.Count(out, "table arp hapair_test_vip") != 1 || strings.Contains(out, "elements") {
+		t.Errorf("after a new open, want fresh empty tables:\n%s", out)
+	}
+	if err := l2.remove(cfg.Prefixes()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l2.close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNftablesFenceRefusesIPv6(t *testing.T) {
+	cfg := Default()
+	cfg.Address, cfg.Interface, cfg.Fence = "10.0.0.100/24", "eth0", FenceNftables
+	cfg.Extra = []string{"2001:db8::100/64"}
+	err := cfg.Validate("vip")
+	if err == nil || !strings.Contains(err.Error(), "vip.extra[0]") {
+		t.Fatalf("IPv6 with fence nftables: %v, want an error naming vip.extra[0]", err)
+	}
+	cfg.Extra, cfg.Fence = nil, "bpf"
+	if err := cfg.Validate("vip"); err == nil || !strings.Contains(err.Error(), "vip.fence") {
+		t.Fatalf("unknown fence: %v, want an error naming vip.fence", err)
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, f func() bool) {
+	t.Helper()
+	for end := time.Now().Add(d); !f(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no %s within %s", what, d)
+		}
+	}
+}
+
+// pinNeighbour makes h's neighbour entry for ip permanent (no ARP needed).
+func pinNeighbour(t *testing.T, h *nettest.Host, ip netip.Addr, mac net.HardwareAddr) {
+	t.Helper()
+	eth, err := h.H.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.H.NeighSet(&netlink.Neigh{LinkIndex: eth.Attrs().Index, Family: netlink.FAMILY_V4,
+		State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type dialResult string
+
+const (
+	dialRefused dialResult = "refused"
+	dialTimeout dialResult = "no answer"
+)
+
+// dial tries TCP port 9 (nothing listens) of ip from h, for up to 300 ms.
+func dial(t *testing.T, h *nettest.Host, ip netip.Addr) dialResult {
+	t.Helper()
+	var got dialResult
+	err := h.InNS(func() error {
+		conn, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, 9).String(), 300*time.Millisecond)
+		switch {
+		case err == nil:
+			conn.Close()
+			got = "connected"
+		case errors.Is(err, syscall.ECONNREFUSED):
+			got = dialRefused
+		case errors.Is(err, syscall.ETIMEDOUT) || isTimeout(err):
+			got = dialTimeout
+		default:
+			got = dialResult(err.Error())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func nftList(t *testing.T, h *nettest.Host) string {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("nft(8) not installed (Debian package nftables)")
+	}
+	out, err := exec.Command("nsenter", "--net="+h.NetnsPath(), "nft", "list", "ruleset").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list ruleset: %v\n%s", err, out)
+	}
+	return string(out)
+}
