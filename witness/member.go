@@ -116,6 +116,10 @@ func (w *Member) Run(ctx context.Context) error {
 	if err := w.waitReady(ctx, e, errc); err != nil {
 		return err
 	}
+	rctx, stopReaper := context.WithCancel(ctx)
+	reaperDone := make(chan struct{})
+	go func() { defer close(reaperDone); w.runReaper(rctx, e.Server) }()
+	defer func() { stopReaper(); <-reaperDone }() // before etcd stops
 	return w.monitor(ctx, e, errc)
 }
 

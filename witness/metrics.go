@@ -18,6 +18,7 @@ type Metrics struct {
 	Members                prometheus.Gauge
 	MembersHealthy         prometheus.Gauge
 	DataMembersHealthy     prometheus.Gauge
+	LeasesReaped           prometheus.Counter
 
 	gatherer prometheus.Gatherer
 }
@@ -43,6 +44,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Members:                gauge("members", "Voting members in the cluster, as this member knows it."),
 		MembersHealthy:         gauge("members_healthy", "Voting members that answered the last linearizable health probe."),
 		DataMembersHealthy:     gauge("data_members_healthy", "Voting data (non-witness) members that answered the last health probe."),
+		LeasesReaped:           counter("leases_reaped_total", "Expired leases this member revoked as raft leader before etcd's own 500 ms check did (lease-reap-interval)."),
 	}
 	if g, ok := reg.(prometheus.Gatherer); ok {
 		m.gatherer = g
