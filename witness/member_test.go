@@ -25,10 +25,9 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-// A single-member cluster in-process: Ready closes, the metrics listener
-// serves etcd's /health and both registries, Close stops Run, and a second
-// Run restarts the member from its data dir.
-func TestMemberRunReadyClose(t *testing.T) {
+// soloConfig is a single-member cluster on loopback with fast raft timing.
+func soloConfig(t *testing.T) Config {
+	t.Helper()
 	peer, client := "http://"+freeAddr(t), "http://"+freeAddr(t)
 	cfg := DefaultConfig()
 	cfg.Name, cfg.Role, cfg.Insecure = "solo", RoleMember, true
@@ -36,8 +35,17 @@ func TestMemberRunReadyClose(t *testing.T) {
 	cfg.ListenPeerURLs, cfg.AdvertisePeerURLs = []string{peer}, []string{peer}
 	cfg.ListenClientURLs, cfg.AdvertiseClientURLs = []string{client}, []string{client}
 	cfg.InitialCluster = []string{"solo=" + peer}
+	cfg.HeartbeatInterval, cfg.ElectionTimeout = 20*time.Millisecond, 200*time.Millisecond
+	return cfg
+}
+
+// A single-member cluster in-process: Ready closes, the metrics listener
+// serves etcd's /health and both registries, Close stops Run, and a second
+// Run restarts the member from its data dir.
+func TestMemberRunReadyClose(t *testing.T) {
+	cfg := soloConfig(t)
 	cfg.MetricsListen = freeAddr(t)
-	cfg.HeartbeatInterval, cfg.ElectionTimeout, cfg.CheckInterval = 20*time.Millisecond, 200*time.Millisecond, 100*time.Millisecond
+	cfg.CheckInterval = 100 * time.Millisecond
 
 	for run := 1; run <= 2; run++ { // the second run restarts from the data dir
 		m, err := New(cfg, zaptest.NewLogger(t).Named(fmt.Sprint("run", run)), NewMetrics(prometheus.NewRegistry()))

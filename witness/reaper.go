@@ -136,28 +136,23 @@ func (w *Member) runReaper(ctx context.Context, srv *etcdserver.EtcdServer) {
 	defer t.Stop()
 	for {
 		changed := srv.LeaderChangedNotify()
-		if srv.Leader() != srv.MemberID() {
+		var tick <-chan time.Time // nil while not leader: wait for the leadership
+		if srv.Leader() == srv.MemberID() {
+			rp.pass(ctx)
+			tick = t.C
+		} else {
 			// A new leader's lessor extends every lease (Promote): what was
-			// learnt here is stale. Wait for the leadership, not the ticker.
+			// learnt here is stale.
 			clear(rp.leases)
 			rp.listedAt = time.Time{}
-			select {
-			case <-ctx.Done():
-				return
-			case <-srv.StopNotify():
-				return
-			case <-changed:
-			}
-			continue
 		}
-		rp.pass(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-srv.StopNotify():
 			return
 		case <-changed:
-		case <-t.C:
+		case <-tick:
 		}
 	}
 }

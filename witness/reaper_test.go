@@ -3,7 +3,6 @@ package witness
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -54,15 +53,8 @@ func TestDecideLease(t *testing.T) {
 // returns a client and the member's metrics.
 func soloMember(t *testing.T, reap time.Duration) (*clientv3.Client, *Metrics) {
 	t.Helper()
-	peer, client := "http://"+freeAddr(t), "http://"+freeAddr(t)
-	cfg := DefaultConfig()
-	cfg.Name, cfg.Role, cfg.Insecure = "solo", RoleMember, true
-	cfg.DataDir = filepath.Join(t.TempDir(), "data")
-	cfg.ListenPeerURLs, cfg.AdvertisePeerURLs = []string{peer}, []string{peer}
-	cfg.ListenClientURLs, cfg.AdvertiseClientURLs = []string{client}, []string{client}
-	cfg.InitialCluster = []string{"solo=" + peer}
+	cfg := soloConfig(t)
 	cfg.MetricsListen = ""
-	cfg.HeartbeatInterval, cfg.ElectionTimeout = 20*time.Millisecond, 200*time.Millisecond
 	cfg.LeaseReapInterval = reap
 	met := NewMetrics(prometheus.NewRegistry())
 	m, err := New(cfg, zaptest.NewLogger(t), met)
@@ -84,7 +76,7 @@ func soloMember(t *testing.T, reap time.Duration) (*clientv3.Client, *Metrics) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("not ready within 20s")
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: 5 * time.Second})
+	c, err := clientv3.New(clientv3.Config{Endpoints: cfg.AdvertiseClientURLs, DialTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
