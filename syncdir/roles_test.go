@@ -41,6 +41,10 @@ func TestDirectionFollowsRole(t *testing.T) {
 	if readFile(q) != "must not reach b" {
 		t.Fatalf("passive node's local file not quarantined: %s", readFile(q))
 	}
+	// The file is moved before the count is kept: wait for the count.
+	eventually(t, 10*time.Second, "a's status counts the quarantined file", func() bool {
+		return a.s.Status().QuarantinedTotal == 1
+	})
 	if st := a.s.Status(); st.Sending || st.HighestEpoch != 20 || st.QuarantinedTotal != 1 {
 		t.Fatalf("a status: %+v", st)
 	}
