@@ -350,6 +350,8 @@ func TestRecordEncoding(t *testing.T) {
 	m := map[string]entry{
 		"a/b.txt":           {Kind: 'f', Size: 12, Mtime: 1700000000123456789, Mode: 0o4755, Ino: 42},
 		"dir":               {Kind: 'd', Mode: 0o755},
+		"owned":             {Kind: 'f', Size: 1, Ctime: 9, Uid: 33, Gid: 4321, OwnerKnown: true},
+		"root-owned":        {Kind: 'l', OwnerKnown: true},
 		"sp ace\nnl\"q\x01": {Kind: 'l', Size: 3, Mtime: -5},
 	}
 	got, err := decodeRecord(encodeRecord(m))

@@ -195,7 +195,7 @@ func statAt(d *os.File, name string) (entry, error) {
 
 // entryOfStat is entryOf for a raw stat.
 func entryOfStat(st *unix.Stat_t) entry {
-	e := entry{Size: st.Size, Mtime: st.Mtim.Nano(), Mode: st.Mode & 0o7777, Ino: st.Ino, Ctime: st.Ctim.Nano(), Uid: st.Uid, Gid: st.Gid}
+	e := entry{Size: st.Size, Mtime: st.Mtim.Nano(), Mode: st.Mode & 0o7777, Ino: st.Ino, Ctime: st.Ctim.Nano(), Uid: st.Uid, Gid: st.Gid, OwnerKnown: true}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
 		e.Kind, e.Size, e.Mtime, e.Ctime = 'd', 0, 0, 0

@@ -661,7 +661,8 @@ func TestDeliveryProvenByIdentity(t *testing.T) {
 }
 
 // A record line written before ctime was kept still reads, with ctime 0
-// (proof by size and mtime, as then).
+// (proof by size and mtime, as then); one written before the owner was
+// kept reads without it.
 func TestRecordLegacyLine(t *testing.T) {
 	m, err := decodeRecord([]byte("f 12 34 644 56 \"a b  c\"\n"))
 	if err != nil {
@@ -672,6 +673,25 @@ func TestRecordLegacyLine(t *testing.T) {
 	}
 	if !m["a b  c"].proves(entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 99, Ctime: 7}) {
 		t.Fatal("a legacy entry does not prove by size and mtime")
+	}
+	// Written before the owner was kept: read with OwnerKnown false, and
+	// same then ignores the owner instead of sending every file again.
+	m, err = decodeRecord([]byte("l 3 34 777 56 78 \"x\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := m["x"]; e != (entry{Kind: 'l', Size: 3, Mtime: 34, Mode: 0o777, Ino: 56, Ctime: 78}) ||
+		!e.same(entry{Kind: 'l', Size: 3, Mtime: 34, Mode: 0o777, Uid: 1234, Gid: 1234, OwnerKnown: true}) {
+		t.Fatalf("got %+v", m)
+	}
+	owned := entry{Kind: 'l', Size: 3, Mtime: 34, Mode: 0o777, OwnerKnown: true}
+	if owned.same(entry{Kind: 'l', Size: 3, Mtime: 34, Mode: 0o777, Uid: 1234, Gid: 1234, OwnerKnown: true}) {
+		t.Fatal("a chown alone looks unchanged")
+	}
+	for _, bad := range []string{"f 1 2 644 5 6 7 \"p\"\n", "f 1 2 644 5 6 7 x \"p\"\n", "f 1 2 644 5 6 -1 0 \"p\"\n", "f 1 2 644 5 6 7 8\"p\"\n"} {
+		if _, err := decodeRecord([]byte(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 	e := entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 56, Ctime: 78}
 	if e.proves(entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 56, Ctime: 79}) || e.proves(entry{Kind: 'f', Size: 12, Mtime: 34, Ino: 57, Ctime: 78}) {

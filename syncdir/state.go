@@ -119,8 +119,13 @@ type entry struct {
 	// later local change, whatever its size and mtime (finding 3). 0 for
 	// directories, and in records written before it was kept.
 	Ctime int64
-	Uid   uint32 // owner; not kept in the record file
-	Gid   uint32
+	// Uid and Gid are the owner; OwnerKnown is false in records written
+	// before the owner was kept, and same then ignores it. A chown alone
+	// changes neither size, mtime nor mode, so without the owner in the
+	// record a file chowned after it was sent kept its old owner on the
+	// peer (CI of 2779663: a symlink lchowned just after it was created).
+	Uid, Gid   uint32
+	OwnerKnown bool
 }
 
 func entryOf(fi fs.FileInfo) entry {
@@ -134,7 +139,7 @@ func entryOf(fi fs.FileInfo) entry {
 		e.Kind = 'f'
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		e.Ino, e.Uid, e.Gid = st.Ino, st.Uid, st.Gid
+		e.Ino, e.Uid, e.Gid, e.OwnerKnown = st.Ino, st.Uid, st.Gid, true
 		if e.Kind != 'd' {
 			e.Ctime = st.Ctim.Nano()
 		}
@@ -152,8 +157,12 @@ func (e entry) proves(local entry) bool {
 	return e.Ctime == 0 || e.Ino == local.Ino && e.Ctime == local.Ctime
 }
 
-// same reports whether the content-bearing attributes match (inode ignored).
+// same reports whether the attributes the peer is sent match: content,
+// mode and, where both know it, owner (inode ignored).
 func (e entry) same(o entry) bool {
+	if e.OwnerKnown && o.OwnerKnown && (e.Uid != o.Uid || e.Gid != o.Gid) {
+		return false
+	}
 	return e.Kind == o.Kind && e.Size == o.Size && e.Mtime == o.Mtime && e.Mode == o.Mode
 }
 
@@ -197,8 +206,10 @@ func openRecord(dir, root string) (*record, error) {
 	return r, nil
 }
 
-// The record file is one line per path: kind size mtime mode inode "path".
-// Plain text, no reflection: it is rewritten every few seconds while busy.
+// The record file is one line per path: kind size mtime mode inode ctime
+// uid gid "path". Plain text, no reflection: it is rewritten every few
+// seconds while busy. Older records lack uid gid, or ctime uid gid; the
+// path is the first field that starts with a quote, so all three read.
 func encodeRecord(m map[string]entry) []byte {
 	b := make([]byte, 0, len(m)*64)
 	for p, e := range m {
@@ -218,6 +229,12 @@ func appendRecordLine(b []byte, p string, e entry) []byte {
 	b = strconv.AppendUint(b, e.Ino, 10)
 	b = append(b, ' ')
 	b = strconv.AppendInt(b, e.Ctime, 10)
+	if e.OwnerKnown {
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, uint64(e.Uid), 10)
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, uint64(e.Gid), 10)
+	}
 	b = append(b, ' ')
 	b = strconv.AppendQuote(b, p)
 	return append(b, '\n')
@@ -229,28 +246,33 @@ func decodeRecord(b []byte) (map[string]entry, error) {
 		if line == "" {
 			continue
 		}
-		// kind size mtime mode inode ctime "path"; records written
-		// before ctime was kept lack it (the sixth field is the path).
-		f := strings.SplitN(line, " ", 7)
-		if len(f) < 6 || len(f[0]) != 1 {
+		q := strings.IndexByte(line, '"')
+		if q < 1 || line[q-1] != ' ' {
+			return nil, fmt.Errorf("bad record line %q", line)
+		}
+		f := strings.Split(line[:q-1], " ")
+		if len(f[0]) != 1 || len(f) != 5 && len(f) != 6 && len(f) != 8 {
 			return nil, fmt.Errorf("bad record line %q", line)
 		}
 		var e entry
-		var err [5]error
-		if strings.HasPrefix(f[5], "\"") {
-			f = append(f[:5], "0", strings.Join(f[5:], " "))
-		} else if len(f) != 7 {
-			return nil, fmt.Errorf("bad record line %q", line)
-		}
-		e.Ctime, err[4] = strconv.ParseInt(f[5], 10, 64)
+		var err [7]error
 		e.Kind = f[0][0]
 		e.Size, err[0] = strconv.ParseInt(f[1], 10, 64)
 		e.Mtime, err[1] = strconv.ParseInt(f[2], 10, 64)
 		mode, err2 := strconv.ParseUint(f[3], 8, 32)
 		e.Mode, err[2] = uint32(mode), err2
 		e.Ino, err[3] = strconv.ParseUint(f[4], 10, 64)
-		p, perr := strconv.Unquote(f[6])
-		if err := errors.Join(err[0], err[1], err[2], err[3], err[4], perr); err != nil {
+		if len(f) >= 6 {
+			e.Ctime, err[4] = strconv.ParseInt(f[5], 10, 64)
+		}
+		if len(f) == 8 {
+			var u, g uint64
+			u, err[5] = strconv.ParseUint(f[6], 10, 32)
+			g, err[6] = strconv.ParseUint(f[7], 10, 32)
+			e.Uid, e.Gid, e.OwnerKnown = uint32(u), uint32(g), true
+		}
+		p, perr := strconv.Unquote(line[q:])
+		if err := errors.Join(append(err[:], perr)...); err != nil {
 			return nil, fmt.Errorf("bad record line %q: %w", line, err)
 		}
 		m[p] = e

@@ -66,6 +66,10 @@ func TestRoundTrip(t *testing.T) {
 	os.Chmod(filepath.Join(ra, "top.txt"), 0o600)
 	os.Remove(filepath.Join(ra, "link-rel"))
 	os.Symlink("d1/renamed.txt", filepath.Join(ra, "link-rel"))
+	if canChown { // a chown alone travels too
+		os.Lchown(filepath.Join(ra, "owned/link"), 4321, 4321)
+		os.Chown(filepath.Join(ra, "owned/by-app.txt"), 33, 1234)
+	}
 	waitSame(t, a, b, 20*time.Second, excludedForTest)
 	if _, err := os.Lstat(filepath.Join(b.root, "cache")); err == nil {
 		t.Fatal("excluded directory copied")
