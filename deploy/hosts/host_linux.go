@@ -277,13 +277,36 @@ func (h *Host) Stop(timeout time.Duration) error {
 	select {
 	case <-exited:
 	case <-time.After(timeout):
+		// What kept it up, taken before the power-off removes it: the
+		// processes still there and the console's last lines (systemd
+		// names the stop jobs it waits for there).
+		why := h.haltReport(cmd.Process.Pid)
 		if err := h.PowerOff(timeout); err != nil {
 			return err
 		}
-		return fmt.Errorf("%s: did not halt within %v, powered off", h.Name, timeout)
+		return fmt.Errorf("%s: did not halt within %v, powered off\n%s", h.Name, timeout, why)
 	}
 	h.reset()
 	return nil
+}
+
+// haltReport lists the processes still running below pid (the nspawn
+// process) and the last lines of the host's console.
+func (h *Host) haltReport(pid int) string {
+	var b strings.Builder
+	b.WriteString("processes still running:\n")
+	for _, p := range descendants(pid) {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		fmt.Fprintf(&b, "  %d %s\n", p, strings.TrimSpace(strings.ReplaceAll(string(cmdline), "\x00", " ")))
+	}
+	console, _ := os.ReadFile(filepath.Join(h.dir, "console.log"))
+	lines := strings.Split(strings.TrimRight(string(console), "\n"), "\n")
+	if len(lines) > 40 {
+		lines = lines[len(lines)-40:]
+	}
+	b.WriteString("console, last lines:\n  ")
+	b.WriteString(strings.Join(lines, "\n  "))
+	return b.String()
 }
 
 // PowerOff stops the container at once, like pulling the plug: SIGKILL to
