@@ -36,7 +36,7 @@ test: deps vet
 	# hapair-lb's socket calls differ under -race (sockio_race.go): test the production ones too.
 	$(GO) test -count=1 ./lb/
 	@mkdir -p $(BIN)
-	$(GO) test -count=1 -timeout 32m -run TestLab -v ./lab/ > $(BIN)/lab-test.log 2>&1 || { tail -n 300 $(BIN)/lab-test.log; exit 1; }
+	$(GO) test -count=1 -timeout 32m -run TestLab -v ./lab/ > $(BIN)/lab-test.log 2>&1 || { tail -n 300 $(BIN)/lab-test.log; scripts/failures.sh $(BIN)/lab-test.log lab; exit 1; }
 	@head -c 300000 $(BIN)/lab-test.log
 	# deploy/hosts' unit tests, then the deployment itself on five systemd hosts.
 	$(GO) test -race -count=1 -short ./deploy/hosts/
@@ -47,7 +47,7 @@ test: deps vet
 test-deploy:
 	scripts/deps.sh test deploy
 	@mkdir -p $(BIN)
-	HAPAIR_DEPLOY_LOG_DIR=$(CURDIR)/$(BIN)/deploy-logs $(GO) test -race -count=1 -timeout 75m -run TestDeploySystemd -v ./deploy/hosts/ > $(BIN)/deploy-test.log 2>&1 || { tail -n 300 $(BIN)/deploy-test.log; exit 1; }
+	HAPAIR_DEPLOY_LOG_DIR=$(CURDIR)/$(BIN)/deploy-logs $(GO) test -race -count=1 -timeout 75m -run TestDeploySystemd -v ./deploy/hosts/ > $(BIN)/deploy-test.log 2>&1 || { tail -n 300 $(BIN)/deploy-test.log; scripts/failures.sh $(BIN)/deploy-test.log deploy/hosts; exit 1; }
 	@grep -E 'FIGURE|^(---|===|ok|FAIL|PASS)' $(BIN)/deploy-test.log
 
 demo: build

@@ -297,7 +297,13 @@ func DrillsBackToBack(ctx context.Context, l *Lab, r *Result) {
 	if !needParts(l, r, BinLB, BinRoled) {
 		return
 	}
-	before, _ := l.Ctl().History(ctx)
+	// The events already recorded; the scenario's own follow them. Not
+	// knowing them would count every earlier scenario's as this one's.
+	before, err := l.Ctl().History(ctx)
+	if err != nil {
+		r.fail("hapairctl history before the drills: %v", err)
+		return
+	}
 	pr, stop := l.startProbes(ctx, 10*time.Millisecond)
 	var buf bytes.Buffer
 	out := io.MultiWriter(&buf, l.Out)
