@@ -206,6 +206,7 @@ func TestVIPPausedProcessLosesVIPBeforeDeadline(t *testing.T) {
 	}
 	t.Logf("VIP last seen on the stopped A %s after SIGSTOP (deadline bound %s)", seen.Sub(stopped), cfgA.LeaseTTL-cfgA.SafetyMargin)
 	pa.signal(t, syscall.SIGCONT)
+	resumed := time.Now()
 	watchPassiveOne(t, a, time.Second)
 	if has(t, l.a) {
 		t.Fatal("VIP back on A after SIGCONT")
@@ -215,6 +216,9 @@ func TestVIPPausedProcessLosesVIPBeforeDeadline(t *testing.T) {
 	rounds, answered, doubles, byMAC := arp.Snapshot()
 	t.Logf("presence: %d readings, seen %v; ARP: %d rounds, %d answered, by MAC %v", readings, seenBy, rounds, answered, byMAC)
 	if overlaps != 0 || doubles != 0 {
-		t.Fatalf("two holders at once: %d presence overlaps, %d double ARP rounds", overlaps, doubles)
+		// Where it happened (before or after SIGCONT) and what the paused
+		// process did, which only its own log says.
+		t.Fatalf("two holders at once: %d presence overlaps (the first %s after SIGSTOP, SIGCONT at %s), %d double ARP rounds; A's log:\n%s",
+			overlaps, pres.FirstOverlap().Sub(stopped), resumed.Sub(stopped), doubles, pa.log())
 	}
 }

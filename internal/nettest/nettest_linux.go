@@ -264,6 +264,7 @@ type Presence struct {
 	Readings int
 	Overlaps int
 	Seen     map[string]int // readings with ip present, by host
+	first    time.Time      // when the first overlap was counted (zero: none)
 	errs     int
 	stop     context.CancelFunc
 	done     chan struct{}
@@ -303,11 +304,21 @@ func StartPresence(hosts []*Host, ip netip.Addr) *Presence {
 			hist = [3]int{hist[1], hist[2], who}
 			if hist[0] >= 0 && hist[1] >= 0 && hist[2] >= 0 && hist[0] == hist[2] && hist[1] != hist[0] {
 				p.Overlaps++
+				if p.first.IsZero() {
+					p.first = time.Now()
+				}
 			}
 			p.mu.Unlock()
 		}
 	}()
 	return p
+}
+
+// FirstOverlap is when the first overlap was counted; zero when none was.
+func (p *Presence) FirstOverlap() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.first
 }
 
 // Stop ends the polling and returns readings and overlaps.
