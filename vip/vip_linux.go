@@ -18,9 +18,16 @@ import (
 // configured network namespace.
 type nlLink struct {
 	name string
-	h    *netlink.Handle
-	pkt  int       // AF_PACKET socket, send only
-	nft  *nftFence // fence: nftables; nil otherwise
+	// lk is the interface as looked up at open, looked up again after an
+	// ENODEV (it was re-created). Cached so that an add or refresh is one
+	// netlink call: Guard reads its clock for the lifetime just before
+	// replace, and a lookup in between would widen the window in which a
+	// pause (SIGSTOP, a frozen VM) makes the kernel take a lifetime
+	// counted from before the pause.
+	lk  netlink.Link
+	h   *netlink.Handle
+	pkt int       // AF_PACKET socket, send only
+	nft *nftFence // fence: nftables; nil otherwise
 }
 
 // openLink opens cfg's interface; part names the nftables tables
@@ -53,7 +60,7 @@ func openLink(cfg Config, part string) (link, error) {
 		return nil, fmt.Errorf("vip: packet socket (needs CAP_NET_RAW): %w", err)
 	}
 	l := &nlLink{name: cfg.Interface, h: h, pkt: pkt}
-	if _, err := h.LinkByName(cfg.Interface); err != nil {
+	if l.lk, err = h.LinkByName(cfg.Interface); err != nil {
 		l.close()
 		return nil, fmt.Errorf("vip: interface %s: %w", cfg.Interface, err)
 	}
@@ -125,10 +132,14 @@ func nlAddr(p netip.Prefix, lifetime time.Duration) *netlink.Addr {
 }
 
 func (l *nlLink) replace(ps []netip.Prefix, lifetime, fence time.Duration) error {
-	lk, err := l.h.LinkByName(l.name)
-	if err != nil {
-		return err
+	if l.lk == nil {
+		lk, err := l.h.LinkByName(l.name)
+		if err != nil {
+			return err
+		}
+		l.lk = lk
 	}
+	lk := l.lk
 	if l.nft != nil {
 		// The fence first: an address never answers outside it.
 		if err := l.nft.hold(fence); err != nil {
@@ -137,6 +148,9 @@ func (l *nlLink) replace(ps []netip.Prefix, lifetime, fence time.Duration) error
 	}
 	for _, p := range ps {
 		if err := l.h.AddrReplace(lk, nlAddr(p, lifetime)); err != nil {
+			if errors.Is(err, unix.ENODEV) {
+				l.lk = nil // re-created: look it up on the retry
+			}
 			return fmt.Errorf("add %s: %w", p, err)
 		}
 	}
