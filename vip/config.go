@@ -51,7 +51,9 @@ type Config struct {
 	// and ip families) that drop the host's ARP answers for the addresses
 	// and every packet to them once a set element, refreshed with each
 	// deadline, times out FenceSlack (150ms) before it: millisecond
-	// precision, for leases down to 1 s. nftables: IPv4 addresses only;
+	// precision, for leases down to 1 s; the same end is also written as
+	// an absolute (wall-clock) time, so a refresh that reaches the kernel
+	// late, after a pause, cannot make the addresses answer again. nftables: IPv4 addresses only;
 	// needs nf_tables in the kernel (CAP_NET_ADMIN, as the addresses do).
 	Fence Fence `yaml:"fence"`
 	// Netns is the path of the network namespace that holds the interface,

@@ -57,8 +57,9 @@ func Lifetime(rem time.Duration) time.Duration {
 type link interface {
 	// replace adds the prefixes, or refreshes them, with this valid and
 	// preferred lifetime (whole seconds); with fence > 0 (fence: nftables)
-	// it first lets them answer for fence (milliseconds) from now.
-	replace(ps []netip.Prefix, lifetime, fence time.Duration) error
+	// it first lets them answer for fence (milliseconds) from now, and
+	// never from fenceEnd (wall clock) on.
+	replace(ps []netip.Prefix, lifetime, fence time.Duration, fenceEnd time.Time) error
 	// remove deletes the prefixes and silences them (fence: nftables);
 	// absent ones are no error.
 	remove(ps []netip.Prefix) error
@@ -149,6 +150,9 @@ func (g *Guard) Sync() {
 func (g *Guard) syncLocked() {
 	for range 3 {
 		until, ok := g.allow()
+		// The wall clock before the owner's: a pause between the two
+		// readings makes fenceEnd below only earlier.
+		w0 := time.Now()
 		t0 := g.now()
 		if !ok || t0 >= until {
 			g.removeLocked()
@@ -165,7 +169,13 @@ func (g *Guard) syncLocked() {
 			// timer at that deadline looks again.
 			return
 		}
-		if err := g.lk.replace(g.ps, lft, fence); err != nil {
+		// The nftables fence's end as an absolute time, which a call
+		// delayed by a pause cannot move (nft_linux.go).
+		var fenceEnd time.Time
+		if fence > 0 {
+			fenceEnd = w0.Add(fence)
+		}
+		if err := g.lk.replace(g.ps, lft, fence, fenceEnd); err != nil {
 			g.ctr.errAdd.Add(1)
 			g.lg.Error("cannot add the VIP", zap.String("interface", g.cfg.Interface), zap.Error(err))
 			g.present, g.setUntil, g.retryAt = true, 0, g.now()+retryAfter

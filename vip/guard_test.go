@@ -27,7 +27,7 @@ type fakeLink struct {
 	failAdd   bool
 }
 
-func (f *fakeLink) replace(_ []netip.Prefix, l, _ time.Duration) error {
+func (f *fakeLink) replace(_ []netip.Prefix, l, _ time.Duration, _ time.Time) error {
 	if f.onReplace != nil {
 		f.onReplace()
 	}

@@ -1,6 +1,7 @@
 package vip
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -15,8 +16,10 @@ import (
 
 // nftFence is the millisecond fence (fence: nftables). Two tables, one in
 // the arp family and one in the ip family, both named hapair_<part>_vip,
-// hold a set "held" of addresses whose elements time out, and drop, for
-// every configured address that is not in "held":
+// hold a set "held" of addresses whose elements time out, and a chain
+// "until" whose one rule drops from an absolute wall-clock time on, and
+// drop, for every configured address that is not in "held" or once that
+// time has come:
 //   - the host's ARP output with that sender address (no ARP answer, no
 //     gratuitous ARP), in an output chain of the arp family;
 //   - every packet sent to it, in a prerouting chain at priority -300
@@ -29,16 +32,34 @@ import (
 // bench/vip/nftfence.sh), so a paused or killed owner goes silent on time
 // while the address itself may stay on the interface until its lifetime.
 //
+// The element's timeout counts from when the kernel takes the call, so a
+// call issued before a pause and taken after it (the process was stopped
+// between reading its clock and the syscall) would open the fence again
+// for a deadline long gone. The "until" rule closes that window: hold
+// writes the same end as an absolute time (nft's `meta time`, the
+// kernel's CLOCK_REALTIME, compared per packet), which a late call cannot
+// move past the deadline. Each covers the other's weak point: the
+// element does not care about wall-clock steps, the rule does not care
+// about pauses.
+//
 // These are the rules bench/vip/nftfence.sh makes with nft(8), as
 // `nft --debug=netlink` shows them: a payload load of the sender (arp,
 // network header + 14) or destination (ip, network header + 16) address,
-// a compare with the address, an inverted lookup in "held", drop.
+// a compare with the address, an inverted lookup in "held", drop; the
+// same load and compare, jump to "until"; there `meta time >= END drop`,
+// which nft writes as a meta load of time, a byteorder hton of its 8
+// bytes and a compare.
 type nftFence struct {
-	c    *nftables.Conn
-	tabs []*nftables.Table
-	sets []*nftables.Set
-	keys []nftables.SetElement
+	c      *nftables.Conn
+	tabs   []*nftables.Table
+	sets   []*nftables.Set
+	untils []*nftables.Chain
+	keys   []nftables.SetElement
 }
+
+// nftMetaTimeNS is NFT_META_TIME_NS (linux/netfilter/nf_tables.h, kernel
+// 5.4+): nanoseconds since the epoch, in host byte order.
+const nftMetaTimeNS = expr.MetaKey(30)
 
 // nfARPOut is the arp family's output hook (NF_ARP_OUT); the inet hooks'
 // numbering does not apply to it.
@@ -87,17 +108,24 @@ func openNftFence(ns netns.NsHandle, table string, ps []netip.Prefix) (*nftFence
 			return nil, fmt.Errorf("vip: nftables set: %w", err)
 		}
 		accept := nftables.ChainPolicyAccept
+		until := c.AddChain(&nftables.Chain{Name: "until", Table: tab})
+		c.AddRule(untilRule(until, time.Time{}))
 		ch := c.AddChain(&nftables.Chain{Name: "fence", Table: tab, Type: nftables.ChainTypeFilter,
 			Hooknum: fam.hook, Priority: fam.prio, Policy: &accept})
 		for _, k := range f.keys {
-			c.AddRule(&nftables.Rule{Table: tab, Chain: ch, Exprs: []expr.Any{
-				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.offset, Len: 4},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: k.Key},
+			addr := func(e ...expr.Any) []expr.Any {
+				return append([]expr.Any{
+					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.offset, Len: 4},
+					&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: k.Key},
+				}, e...)
+			}
+			c.AddRule(&nftables.Rule{Table: tab, Chain: ch, Exprs: addr(
 				&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, Invert: true},
-				&expr.Verdict{Kind: expr.VerdictDrop},
-			}})
+				&expr.Verdict{Kind: expr.VerdictDrop})})
+			c.AddRule(&nftables.Rule{Table: tab, Chain: ch, Exprs: addr(
+				&expr.Verdict{Kind: expr.VerdictJump, Chain: until.Name})})
 		}
-		f.tabs, f.sets = append(f.tabs, tab), append(f.sets, set)
+		f.tabs, f.sets, f.untils = append(f.tabs, tab), append(f.sets, set), append(f.untils, until)
 	}
 	if err := c.Flush(); err != nil {
 		c.CloseLasting()
@@ -106,19 +134,42 @@ func openNftFence(ns netns.NsHandle, table string, ps []netip.Prefix) (*nftFence
 	return f, nil
 }
 
-// hold makes the addresses answer for d from now (the kernel's now). One
-// transaction per call: add (a no-op for a present element), delete, add
-// with the new timeout, so lookups see the old element or the new one,
+// untilRule drops everything from end on (wall clock, to the nanosecond);
+// from the start when end is zero.
+func untilRule(ch *nftables.Chain, end time.Time) *nftables.Rule {
+	drop := &expr.Verdict{Kind: expr.VerdictDrop}
+	if end.IsZero() {
+		return &nftables.Rule{Table: ch.Table, Chain: ch, Exprs: []expr.Any{drop}}
+	}
+	be := binary.BigEndian.AppendUint64(nil, uint64(end.UnixNano()))
+	return &nftables.Rule{Table: ch.Table, Chain: ch, Exprs: []expr.Any{
+		&expr.Meta{Key: nftMetaTimeNS, Register: 1},
+		// The compare is bytewise: big-endian orders like the number.
+		&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 8, Size: 8},
+		&expr.Cmp{Op: expr.CmpOpGte, Register: 1, Data: be},
+		drop,
+	}}
+}
+
+// hold makes the addresses answer for d from now (the kernel's now), and
+// never from end on (the wall clock). One transaction per call: add (a
+// no-op for a present element), delete, add with the new timeout, and the
+// "until" rule replaced, so lookups see the old state or the new one,
 // never none.
-func (f *nftFence) hold(d time.Duration) error {
+func (f *nftFence) hold(d time.Duration, end time.Time) error {
 	if d < time.Millisecond {
 		return errors.New("nftables fence: timeout below 1ms")
 	}
+	if end.IsZero() {
+		return errors.New("nftables fence: no end time")
+	}
 	d = d.Truncate(time.Millisecond) // the kernel's unit; never round up
-	for _, s := range f.sets {
+	for i, s := range f.sets {
 		if err := f.batch(s, d); err != nil {
 			return err
 		}
+		f.c.FlushChain(f.untils[i])
+		f.c.AddRule(untilRule(f.untils[i], end))
 	}
 	if err := f.c.Flush(); err != nil {
 		return fmt.Errorf("nftables fence: %w", err)
@@ -128,10 +179,12 @@ func (f *nftFence) hold(d time.Duration) error {
 
 // release silences the addresses now.
 func (f *nftFence) release() error {
-	for _, s := range f.sets {
+	for i, s := range f.sets {
 		if err := f.batch(s, 0); err != nil {
 			return err
 		}
+		f.c.FlushChain(f.untils[i])
+		f.c.AddRule(untilRule(f.untils[i], time.Time{}))
 	}
 	if err := f.c.Flush(); err != nil {
 		return fmt.Errorf("nftables fence: %w", err)

@@ -129,7 +129,7 @@ func TestNftablesFenceReplacesLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := l1.replace(cfg.Prefixes(), 10*time.Second, 10*time.Second); err != nil {
+	if err := l1.replace(cfg.Prefixes(), 10*time.Second, 10*time.Second, time.Now().Add(10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	// l1 "dies": its socket closes, its tables stay.
@@ -239,4 +239,102 @@ func nftList(t *testing.T, h *nettest.Host) string {
 		t.Fatalf("nft list ruleset: %v\n%s", err, out)
 	}
 	return string(out)
+}
+
+// pausedLink stands for an owner stopped inside an add or refresh: before
+// runs between the guard reading its clocks and the call reaching the
+// kernel, after runs once the kernel has taken it, before the guard looks
+// at its clock again.
+type pausedLink struct {
+	link
+	before, after func()
+}
+
+func (p *pausedLink) replace(ps []netip.Prefix, lifetime, fence time.Duration, end time.Time) error {
+	if p.before != nil {
+		p.before()
+	}
+	err := p.link.replace(ps, lifetime, fence, end)
+	if p.after != nil {
+		p.after()
+	}
+	return err
+}
+
+// fence: nftables, with a real kernel: a refresh computed before a pause
+// and taken by the kernel after the deadline (SIGSTOP between the clock
+// and the syscall) gives the set element a fresh timeout, yet the
+// addresses stay silent, because the same end is also in the tables as an
+// absolute time. Then the guard sees the late call and removes them.
+func TestNftablesFenceLateRefreshStaysSilent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs network namespaces; skipped with -short")
+	}
+	lan := nettest.NewLAN(t)
+	a, c := lan.AddHost("A", "10.84.0.1/24"), lan.AddHost("C", "10.84.0.3/24")
+	v4 := netip.MustParseAddr("10.84.0.100")
+	cfg := Default()
+	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.84.0.100/24", "eth0", a.NetnsPath(), FenceNftables
+	lk, err := openLink(cfg, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := &pausedLink{link: lk}
+	start := time.Now()
+	now := func() time.Duration { return time.Since(start) }
+	var deadline atomic.Int64
+	deadline.Store(int64(600 * time.Millisecond))
+	g := newGuard(cfg, pl, "test", zaptest.NewLogger(t), now, func() (time.Duration, bool) {
+		return time.Duration(deadline.Load()), true
+	})
+	defer g.Close()
+	pinNeighbour(t, c, v4, a.MAC)
+	arp := nettest.WatchARP(t, c, v4, 10*time.Millisecond)
+	mac := a.MAC.String()
+
+	g.Sync()
+	waitFor(t, 2*time.Second, "an ARP answer from the holder", func() bool { return !arp.LastAnswer(mac).IsZero() })
+	if out := nftList(t, a); strings.Count(out, "meta time >= ") != 2 {
+		t.Fatalf("want one absolute end per table, as nft(8) reads it:\n%s", out)
+	}
+
+	// A keep-alive's answer moves the deadline to 1.4 s; the owner reads
+	// its clocks, then stops for 1.5 s before its call reaches the kernel.
+	const later = 1400 * time.Millisecond
+	deadline.Store(int64(later))
+	var stale dialResult
+	var lateAnswers time.Time
+	pl.before = func() {
+		pl.before = nil
+		time.Sleep(1500 * time.Millisecond) // the pause (scenario)
+	}
+	pl.after = func() {
+		pl.after = nil
+		// The kernel took the stale refresh: its element lives for about
+		// 1.25 s from now. Nothing may answer meanwhile.
+		took := time.Now()
+		stale = dial(t, c, v4)
+		time.Sleep(200 * time.Millisecond) // 20 ARP rounds (scenario)
+		if l := arp.LastAnswer(mac); l.After(took) {
+			lateAnswers = l
+		}
+	}
+	g.Sync()
+	if stale != dialTimeout {
+		t.Errorf("TCP to the VIP after a late refresh: %s, want no answer at all", stale)
+	}
+	if !lateAnswers.IsZero() {
+		t.Errorf("ARP answered %s after the late refresh reached the kernel (%s after the deadline)",
+			lateAnswers.Sub(start), lateAnswers.Sub(start)-later)
+	}
+	if held, _ := a.Has(v4); held {
+		t.Error("the address stayed on the interface after the late call was seen")
+	}
+	if n := g.ctr.late.Load(); n != 1 {
+		t.Errorf("late calls counted: %d, want 1", n)
+	}
+	_, _, doubles, byMAC := arp.Snapshot()
+	if doubles != 0 || len(byMAC) != 1 {
+		t.Errorf("ARP answers by MAC %v, doubles %d", byMAC, doubles)
+	}
 }

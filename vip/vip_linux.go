@@ -131,7 +131,7 @@ func nlAddr(p netip.Prefix, lifetime time.Duration) *netlink.Addr {
 	return na
 }
 
-func (l *nlLink) replace(ps []netip.Prefix, lifetime, fence time.Duration) error {
+func (l *nlLink) replace(ps []netip.Prefix, lifetime, fence time.Duration, fenceEnd time.Time) error {
 	if l.lk == nil {
 		lk, err := l.h.LinkByName(l.name)
 		if err != nil {
@@ -142,7 +142,7 @@ func (l *nlLink) replace(ps []netip.Prefix, lifetime, fence time.Duration) error
 	lk := l.lk
 	if l.nft != nil {
 		// The fence first: an address never answers outside it.
-		if err := l.nft.hold(fence); err != nil {
+		if err := l.nft.hold(fence, fenceEnd); err != nil {
 			return err
 		}
 	}

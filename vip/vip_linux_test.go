@@ -2,6 +2,7 @@ package vip
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -162,5 +163,76 @@ func TestAnnouncementsUpdateNeighbours(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+}
+
+// The interface is deleted and made again under a running guard (a
+// network restart): the link looked up at open is gone, the next refresh
+// fails with ENODEV, and the retry looks the interface up again and puts
+// the address on the new one.
+func TestGuardFollowsARecreatedInterface(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs network namespaces; skipped with -short")
+	}
+	lan := nettest.NewLAN(t)
+	h := lan.AddHost("A", "10.85.0.1/24")
+	mkDummy := func() {
+		t.Helper()
+		// A veth pair: this kernel may have no dummy driver.
+		d := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vip0"}, PeerName: "vip0p"}
+		if err := h.H.LinkAdd(d); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.H.LinkSetUp(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkDummy()
+	cfg := Default()
+	cfg.Address, cfg.Interface, cfg.Netns = "10.85.0.100/24", "vip0", h.NetnsPath()
+	start := time.Now()
+	now := func() time.Duration { return time.Since(start) }
+	var deadline atomic.Int64
+	deadline.Store(int64(time.Hour))
+	g, err := New(cfg, "test", zaptest.NewLogger(t), now, func() (time.Duration, bool) {
+		return time.Duration(deadline.Load()), true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	v4 := netip.MustParseAddr("10.85.0.100")
+	g.Sync()
+	if ok, err := h.Has(v4); err != nil || !ok {
+		t.Fatalf("VIP not on vip0 after Sync (err %v)", err)
+	}
+	old, err := h.H.LinkByName("vip0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.H.LinkDel(old); err != nil {
+		t.Fatal(err)
+	}
+	mkDummy()
+	deadline.Store(int64(2 * time.Hour)) // a new deadline: a refresh
+	g.Sync()
+	if n := g.ctr.errAdd.Load(); n != 1 {
+		t.Fatalf("add errors after the interface went: %d, want 1 (ENODEV on the old link)", n)
+	}
+	g.Sync() // Run's retry
+	lk, err := h.H.LinkByName("vip0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := h.H.AddrList(lk, netlink.FAMILY_V4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(as) != 1 || !as[0].IP.Equal(v4.AsSlice()) {
+		t.Fatalf("addresses on the new vip0 (index %d, was %d): %v, want %s",
+			lk.Attrs().Index, old.Attrs().Index, as, v4)
+	}
+	if n := g.ctr.errAdd.Load(); n != 1 {
+		t.Fatalf("add errors after the retry: %d, want still 1", n)
 	}
 }
