@@ -51,6 +51,7 @@ import (
 // bytes and a compare.
 type nftFence struct {
 	c      *nftables.Conn
+	table  string
 	tabs   []*nftables.Table
 	sets   []*nftables.Set
 	untils []*nftables.Chain
@@ -65,13 +66,11 @@ const nftMetaTimeNS = expr.MetaKey(30)
 // numbering does not apply to it.
 const nfARPOut = 1
 
-// nftMu serialises openNftFence: the library numbers new sets from a
-// package counter it does not guard across connections.
+// nftMu serialises install: the library numbers new sets from a package
+// counter it does not guard across connections.
 var nftMu sync.Mutex
 
 func openNftFence(ns netns.NsHandle, table string, ps []netip.Prefix) (*nftFence, error) {
-	nftMu.Lock()
-	defer nftMu.Unlock()
 	opts := []nftables.ConnOption{nftables.AsLasting()}
 	if ns.IsOpen() {
 		opts = append(opts, nftables.WithNetNSFd(int(ns)))
@@ -80,11 +79,27 @@ func openNftFence(ns netns.NsHandle, table string, ps []netip.Prefix) (*nftFence
 	if err != nil {
 		return nil, fmt.Errorf("vip: nftables: %w", err)
 	}
-	f := &nftFence{c: c}
+	f := &nftFence{c: c, table: table}
 	for _, p := range ps {
 		a := p.Addr().As4()
 		f.keys = append(f.keys, nftables.SetElement{Key: a[:]})
 	}
+	if err := f.install(); err != nil {
+		c.CloseLasting()
+		return nil, fmt.Errorf("vip: %w", err)
+	}
+	return f, nil
+}
+
+// install makes the tables, fresh: nothing answers until hold. Add (a
+// no-op when present) then delete then add, in one transaction: a table
+// left by a process that died goes, with whatever it held. At open, and
+// again when the tables were deleted under the process (hold).
+func (f *nftFence) install() error {
+	nftMu.Lock()
+	defer nftMu.Unlock()
+	c := f.c
+	f.tabs, f.sets, f.untils = nil, nil, nil
 	arpHook, preHook := nftables.ChainHook(nfARPOut), *nftables.ChainHookPrerouting
 	arpPrio, prePrio := nftables.ChainPriority(0), nftables.ChainPriority(-300)
 	for _, fam := range []struct {
@@ -96,16 +111,13 @@ func openNftFence(ns netns.NsHandle, table string, ps []netip.Prefix) (*nftFence
 		{nftables.TableFamilyARP, &arpHook, &arpPrio, 14},  // ARP sender protocol address
 		{nftables.TableFamilyIPv4, &preHook, &prePrio, 16}, // IPv4 destination
 	} {
-		tab := &nftables.Table{Name: table, Family: fam.family}
-		// Add (a no-op when present) then delete: a table left by a
-		// process that died goes, with whatever it held.
+		tab := &nftables.Table{Name: f.table, Family: fam.family}
 		c.AddTable(tab)
 		c.DelTable(tab)
 		c.AddTable(tab)
 		set := &nftables.Set{Table: tab, Name: "held", KeyType: nftables.TypeIPAddr, HasTimeout: true}
 		if err := c.AddSet(set, nil); err != nil {
-			c.CloseLasting()
-			return nil, fmt.Errorf("vip: nftables set: %w", err)
+			return fmt.Errorf("nftables set: %w", err)
 		}
 		accept := nftables.ChainPolicyAccept
 		until := c.AddChain(&nftables.Chain{Name: "until", Table: tab})
@@ -128,10 +140,9 @@ func openNftFence(ns netns.NsHandle, table string, ps []netip.Prefix) (*nftFence
 		f.tabs, f.sets, f.untils = append(f.tabs, tab), append(f.sets, set), append(f.untils, until)
 	}
 	if err := c.Flush(); err != nil {
-		c.CloseLasting()
-		return nil, fmt.Errorf("vip: nftables tables %s (needs CAP_NET_ADMIN and nf_tables): %w", table, err)
+		return fmt.Errorf("nftables tables %s (needs CAP_NET_ADMIN and nf_tables): %w", f.table, err)
 	}
-	return f, nil
+	return nil
 }
 
 // untilRule drops everything from end on (wall clock, to the nanosecond);
@@ -156,6 +167,12 @@ func untilRule(ch *nftables.Chain, end time.Time) *nftables.Rule {
 // no-op for a present element), delete, add with the new timeout, and the
 // "until" rule replaced, so lookups see the old state or the new one,
 // never none.
+//
+// Tables deleted under the process (`nft flush ruleset`, which a firewall
+// reload such as Debian's nftables.service runs first) make the call fail
+// with ENOENT: hold makes them again and holds in them. Until then the
+// address answers unfenced, as with no fence; that lasts at most one
+// keep-alive, the next refresh.
 func (f *nftFence) hold(d time.Duration, end time.Time) error {
 	if d < time.Millisecond {
 		return errors.New("nftables fence: timeout below 1ms")
@@ -164,27 +181,35 @@ func (f *nftFence) hold(d time.Duration, end time.Time) error {
 		return errors.New("nftables fence: no end time")
 	}
 	d = d.Truncate(time.Millisecond) // the kernel's unit; never round up
+	err := f.apply(d, end)
+	if errors.Is(err, unix.ENOENT) {
+		if err = f.install(); err != nil {
+			return fmt.Errorf("nftables fence: tables gone, making them again: %w", err)
+		}
+		err = f.apply(d, end)
+	}
+	return err
+}
+
+// release silences the addresses now. Tables that are gone (ENOENT)
+// silence nothing, but the caller has deleted the addresses first, so
+// nothing answers; the next hold makes them again.
+func (f *nftFence) release() error {
+	if err := f.apply(0, time.Time{}); err != nil && !errors.Is(err, unix.ENOENT) {
+		return err
+	}
+	return nil
+}
+
+// apply sets the elements (timeout d; absent when d is 0) and the "until"
+// rule (end; drop everything when zero) of both tables in one transaction.
+func (f *nftFence) apply(d time.Duration, end time.Time) error {
 	for i, s := range f.sets {
 		if err := f.batch(s, d); err != nil {
 			return err
 		}
 		f.c.FlushChain(f.untils[i])
 		f.c.AddRule(untilRule(f.untils[i], end))
-	}
-	if err := f.c.Flush(); err != nil {
-		return fmt.Errorf("nftables fence: %w", err)
-	}
-	return nil
-}
-
-// release silences the addresses now.
-func (f *nftFence) release() error {
-	for i, s := range f.sets {
-		if err := f.batch(s, 0); err != nil {
-			return err
-		}
-		f.c.FlushChain(f.untils[i])
-		f.c.AddRule(untilRule(f.untils[i], time.Time{}))
 	}
 	if err := f.c.Flush(); err != nil {
 		return fmt.Errorf("nftables fence: %w", err)

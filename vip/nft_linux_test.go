@@ -338,3 +338,59 @@ func TestNftablesFenceLateRefreshStaysSilent(t *testing.T) {
 		t.Errorf("ARP answers by MAC %v, doubles %d", byMAC, doubles)
 	}
 }
+
+// An operator reloads the firewall with `nft flush ruleset` (Debian's
+// /etc/nftables.conf starts with it) under a running holder: the fence's
+// tables are gone, and the next refresh makes them again and holds the
+// address in them, instead of failing until the deadline takes the
+// address away for good.
+func TestNftablesFenceSurvivesARulesetFlush(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs network namespaces; skipped with -short")
+	}
+	lan := nettest.NewLAN(t)
+	a, c := lan.AddHost("A", "10.86.0.1/24"), lan.AddHost("C", "10.86.0.3/24")
+	v4 := netip.MustParseAddr("10.86.0.100")
+	cfg := Default()
+	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.86.0.100/24", "eth0", a.NetnsPath(), FenceNftables
+	start := time.Now()
+	now := func() time.Duration { return time.Since(start) }
+	var deadline atomic.Int64
+	deadline.Store(int64(time.Minute))
+	g, err := New(cfg, "test", zaptest.NewLogger(t), now, func() (time.Duration, bool) {
+		return time.Duration(deadline.Load()), true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	pinNeighbour(t, c, v4, a.MAC)
+	g.Sync()
+	if got := dial(t, c, v4); got != dialRefused {
+		t.Fatalf("TCP to the held VIP: %s, want refused (the holder's RST)", got)
+	}
+	nftList(t, a) // skips without nft(8)
+	if out, err := exec.Command("nsenter", "--net="+a.NetnsPath(), "nft", "flush", "ruleset").CombinedOutput(); err != nil {
+		t.Fatalf("nft flush ruleset: %v\n%s", err, out)
+	}
+	deadline.Store(int64(2 * time.Minute)) // the next keep-alive
+	g.Sync()
+	if n := g.ctr.errAdd.Load(); n != 0 {
+		t.Errorf("refresh after the flush: %d add errors, want 0", n)
+	}
+	out := nftList(t, a)
+	for _, want := range []string{"table arp hapair_test_vip", "table ip hapair_test_vip", "10.86.0.100 timeout", "meta time >= "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("after the refresh the ruleset lacks %q:\n%s", want, out)
+		}
+	}
+	if got := dial(t, c, v4); got != dialRefused {
+		t.Errorf("TCP to the VIP after the refresh: %s, want refused (held)", got)
+	}
+	// And the fence works again: lost, silent at once.
+	deadline.Store(0)
+	g.Sync()
+	if got := dial(t, c, v4); got != dialTimeout {
+		t.Errorf("TCP to the VIP after the fence was lost: %s, want no answer", got)
+	}
+}
