@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -205,6 +206,7 @@ func TestVIPPausedProcessLosesVIPBeforeDeadline(t *testing.T) {
 			seen.Format(time.StampMicro), seen.Sub(stopped), cfgA.LeaseTTL-cfgA.SafetyMargin)
 	}
 	t.Logf("VIP last seen on the stopped A %s after SIGSTOP (deadline bound %s)", seen.Sub(stopped), cfgA.LeaseTTL-cfgA.SafetyMargin)
+	continued := time.Now()
 	pa.signal(t, syscall.SIGCONT)
 	resumed := time.Now()
 	watchPassiveOne(t, a, time.Second)
@@ -215,7 +217,17 @@ func TestVIPPausedProcessLosesVIPBeforeDeadline(t *testing.T) {
 	readings, overlaps, seenBy := pres.Stop()
 	rounds, answered, doubles, byMAC := arp.Snapshot()
 	t.Logf("presence: %d readings, seen %v; ARP: %d rounds, %d answered, by MAC %v", readings, seenBy, rounds, answered, byMAC)
-	if overlaps != 0 || doubles != 0 {
+	// One overlap is the documented exception (README, "A pause inside a
+	// call"): the stop landed between A's clock reading and its netlink
+	// call, so on SIGCONT the kernel took the stale add and put the
+	// address back, silenced by the nftables tables beside the lifetime,
+	// until A saw the late call and removed it. Then A's log says so and
+	// the overlap comes after SIGCONT; no ARP answer from both, ever.
+	lateCall := strings.Contains(pa.log(), "VIP call took too long")
+	if overlaps != 0 && doubles == 0 && lateCall && pres.FirstOverlap().After(continued) {
+		t.Logf("%d presence overlaps after SIGCONT: the stop landed inside an add (A's late call), the address was silenced; A's log:\n%s",
+			overlaps, pa.log())
+	} else if overlaps != 0 || doubles != 0 {
 		// Where it happened (before or after SIGCONT) and what the paused
 		// process did, which only its own log says.
 		t.Fatalf("two holders at once: %d presence overlaps (the first %s after SIGSTOP, SIGCONT at %s), %d double ARP rounds; A's log:\n%s",

@@ -15,6 +15,12 @@
 //     fence: nftables an nftables set element whose timeout (milliseconds)
 //     ends before the deadline silences the addresses instead (no ARP
 //     answer, no packet in), which allows a 1 s lease (nft_linux.go).
+//
+// A call that the kernel takes late (the process paused between reading
+// its clock and the syscall) re-creates an address that the kernel had
+// already deleted, with a lifetime counted from then; the nftables tables
+// also carry the end as an absolute time, so with either fence an IPv4
+// address put back that way stays silent until the process removes it.
 package vip
 
 import (
@@ -47,7 +53,9 @@ type Config struct {
 	// addresses (paused, killed, stuck): "lifetime" (the default) deletes
 	// them at their kernel valid lifetime, whole seconds ending KernelSlack
 	// (500ms) before the deadline, so the lease must leave at least 1 s of
-	// it; "nftables" also installs nftables tables hapair_<part>_vip (arp
+	// it, and where the kernel allows also opens the tables below for the
+	// IPv4 addresses, only so that a call taken late cannot make them
+	// answer (a warning when it cannot); "nftables" also installs nftables tables hapair_<part>_vip (arp
 	// and ip families) that drop the host's ARP answers for the addresses
 	// and every packet to them once a set element, refreshed with each
 	// deadline, times out FenceSlack (150ms) before it: millisecond

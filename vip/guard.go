@@ -116,7 +116,7 @@ type counters struct {
 // (hapair_<subsystem>_vip_*). Nothing is changed on the interface until
 // Sync or Run.
 func New(cfg Config, subsystem string, lg *zap.Logger, now func() time.Duration, allow Allow) (*Guard, error) {
-	lk, err := openLink(cfg, subsystem)
+	lk, err := openLink(cfg, subsystem, lg)
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +195,7 @@ func (g *Guard) syncLocked() {
 		// came too late): the re-added address is announced again.
 		fresh := !g.pub.Load().held || t0 >= g.expires
 		g.setUntil, g.expires = until, t1+lft
-		if fence > 0 {
+		if g.cfg.Fence == FenceNftables {
 			g.expires = t1 + fence // silenced then, the address may stay
 		}
 		if fresh {
@@ -213,15 +213,21 @@ func (g *Guard) syncLocked() {
 	g.removeLocked()
 }
 
-// kernelTimes are the address lifetime and the nftables timeout (0 with
-// fence lifetime) to set with rem left before the deadline; lifetime 0:
-// no fence fits. With fence nftables the element's timeout is the fence
-// and the lifetime (rem rounded up to whole seconds, + 1 s, so that it
+// kernelTimes are the address lifetime and the nftables timeout to set
+// with rem left before the deadline; lifetime 0: no fence fits. With fence
+// nftables the element's timeout is the fence and the lifetime (rem rounded up to whole seconds, + 1 s, so that it
 // never lapses between refreshes) only clears the silenced address off the
 // interface of an owner that stopped.
 func (g *Guard) kernelTimes(rem time.Duration) (lifetime, fence time.Duration) {
 	if g.cfg.Fence != FenceNftables {
-		return Lifetime(rem), 0
+		// The address lifetime is the fence; the nftables timeout, which
+		// ends later, is for the tables opened beside it (openLink): they
+		// only matter for a call that reaches the kernel late.
+		l := Lifetime(rem)
+		if l <= 0 {
+			return 0, 0
+		}
+		return l, FenceTimeout(rem)
 	}
 	f := FenceTimeout(rem)
 	if f <= 0 {

@@ -283,7 +283,7 @@ func TestKernelTimes(t *testing.T) {
 		rem            time.Duration
 		lifetime, nftT time.Duration
 	}{
-		{FenceLifetime, 2600 * ms, 2 * time.Second, 0},
+		{FenceLifetime, 2600 * ms, 2 * time.Second, 2450 * ms},
 		{FenceLifetime, 1400 * ms, 0, 0},
 		{FenceNftables, 1400 * ms, 3 * time.Second, 1250 * ms},
 		{FenceNftables, 500 * ms, 2 * time.Second, 350 * ms},

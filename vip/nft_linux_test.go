@@ -125,7 +125,7 @@ func TestNftablesFenceReplacesLeftovers(t *testing.T) {
 	a := lan.AddHost("A", "10.83.0.1/24")
 	cfg := Default()
 	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.83.0.100/24", "eth0", a.NetnsPath(), FenceNftables
-	l1, err := openLink(cfg, "test")
+	l1, err := openLink(cfg, "test", zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestNftablesFenceReplacesLeftovers(t *testing.T) {
 	if out := nftList(t, a); !strings.Contains(out, "10.83.0.100") {
 		t.Fatalf("the held element is not in the set:\n%s", out)
 	}
-	l2, err := openLink(cfg, "test")
+	l2, err := openLink(cfg, "test", zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,81 +261,105 @@ func (p *pausedLink) replace(ps []netip.Prefix, lifetime, fence time.Duration, e
 	return err
 }
 
-// fence: nftables, with a real kernel: a refresh computed before a pause
-// and taken by the kernel after the deadline (SIGSTOP between the clock
-// and the syscall) gives the set element a fresh timeout, yet the
-// addresses stay silent, because the same end is also in the tables as an
-// absolute time. Then the guard sees the late call and removes them.
+// A refresh computed before a pause and taken by the kernel after the
+// deadline (SIGSTOP between the clock and the syscall), with a real
+// kernel: the kernel puts the address back (an absent address is created)
+// and gives the set element a fresh timeout, yet the address stays silent,
+// because the same end is also in the tables as an absolute time. Then the
+// guard sees the late call and removes the address. With fence nftables
+// the tables are the fence; with fence lifetime they are opened beside the
+// address lifetime for exactly this.
 func TestNftablesFenceLateRefreshStaysSilent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs network namespaces; skipped with -short")
 	}
-	lan := nettest.NewLAN(t)
-	a, c := lan.AddHost("A", "10.84.0.1/24"), lan.AddHost("C", "10.84.0.3/24")
-	v4 := netip.MustParseAddr("10.84.0.100")
-	cfg := Default()
-	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.84.0.100/24", "eth0", a.NetnsPath(), FenceNftables
-	lk, err := openLink(cfg, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl := &pausedLink{link: lk}
-	start := time.Now()
-	now := func() time.Duration { return time.Since(start) }
-	var deadline atomic.Int64
-	deadline.Store(int64(600 * time.Millisecond))
-	g := newGuard(cfg, pl, "test", zaptest.NewLogger(t), now, func() (time.Duration, bool) {
-		return time.Duration(deadline.Load()), true
-	})
-	defer g.Close()
-	pinNeighbour(t, c, v4, a.MAC)
-	arp := nettest.WatchARP(t, c, v4, 10*time.Millisecond)
-	mac := a.MAC.String()
+	const ms = time.Millisecond
+	for i, c := range []struct {
+		fence                 Fence
+		first, later, pauseTo time.Duration // deadlines, and when the pause ends, from the start
+	}{
+		{FenceNftables, 600 * ms, 1400 * ms, 1500 * ms},
+		// Whole-second lifetimes: 1 s after the first add, 2 s after the
+		// refresh, had it come in time.
+		{FenceLifetime, 1600 * ms, 2600 * ms, 3000 * ms},
+	} {
+		t.Run(string(c.fence), func(t *testing.T) {
+			lan := nettest.NewLAN(t)
+			a, cl := lan.AddHost("A", "10.84.0.1/24"), lan.AddHost("C", "10.84.0.3/24")
+			v4 := netip.MustParseAddr("10.84.0.100")
+			cfg := Default()
+			cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.84.0.100/24", "eth0", a.NetnsPath(), c.fence
+			lk, err := openLink(cfg, "test"+itoa(i), zaptest.NewLogger(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lk.(*nlLink).nft == nil {
+				t.Fatal("no nftables tables opened")
+			}
+			pl := &pausedLink{link: lk}
+			start := time.Now()
+			now := func() time.Duration { return time.Since(start) }
+			var deadline atomic.Int64
+			deadline.Store(int64(c.first))
+			g := newGuard(cfg, pl, "test", zaptest.NewLogger(t), now, func() (time.Duration, bool) {
+				return time.Duration(deadline.Load()), true
+			})
+			defer g.Close()
+			pinNeighbour(t, cl, v4, a.MAC)
+			arp := nettest.WatchARP(t, cl, v4, 10*time.Millisecond)
+			mac := a.MAC.String()
 
-	g.Sync()
-	waitFor(t, 2*time.Second, "an ARP answer from the holder", func() bool { return !arp.LastAnswer(mac).IsZero() })
-	if out := nftList(t, a); strings.Count(out, "meta time >= ") != 2 {
-		t.Fatalf("want one absolute end per table, as nft(8) reads it:\n%s", out)
-	}
+			g.Sync()
+			waitFor(t, 2*time.Second, "an ARP answer from the holder", func() bool { return !arp.LastAnswer(mac).IsZero() })
+			if out := nftList(t, a); strings.Count(out, "meta time >= ") != 2 {
+				t.Fatalf("want one absolute end per table, as nft(8) reads it:\n%s", out)
+			}
 
-	// A keep-alive's answer moves the deadline to 1.4 s; the owner reads
-	// its clocks, then stops for 1.5 s before its call reaches the kernel.
-	const later = 1400 * time.Millisecond
-	deadline.Store(int64(later))
-	var stale dialResult
-	var lateAnswers time.Time
-	pl.before = func() {
-		pl.before = nil
-		time.Sleep(1500 * time.Millisecond) // the pause (scenario)
-	}
-	pl.after = func() {
-		pl.after = nil
-		// The kernel took the stale refresh: its element lives for about
-		// 1.25 s from now. Nothing may answer meanwhile.
-		took := time.Now()
-		stale = dial(t, c, v4)
-		time.Sleep(200 * time.Millisecond) // 20 ARP rounds (scenario)
-		if l := arp.LastAnswer(mac); l.After(took) {
-			lateAnswers = l
-		}
-	}
-	g.Sync()
-	if stale != dialTimeout {
-		t.Errorf("TCP to the VIP after a late refresh: %s, want no answer at all", stale)
-	}
-	if !lateAnswers.IsZero() {
-		t.Errorf("ARP answered %s after the late refresh reached the kernel (%s after the deadline)",
-			lateAnswers.Sub(start), lateAnswers.Sub(start)-later)
-	}
-	if held, _ := a.Has(v4); held {
-		t.Error("the address stayed on the interface after the late call was seen")
-	}
-	if n := g.ctr.late.Load(); n != 1 {
-		t.Errorf("late calls counted: %d, want 1", n)
-	}
-	_, _, doubles, byMAC := arp.Snapshot()
-	if doubles != 0 || len(byMAC) != 1 {
-		t.Errorf("ARP answers by MAC %v, doubles %d", byMAC, doubles)
+			// A keep-alive's answer moves the deadline on; the owner reads
+			// its clocks, then stops until past it before its call reaches
+			// the kernel.
+			deadline.Store(int64(c.later))
+			var stale dialResult
+			var lateAnswers time.Time
+			var back bool
+			pl.before = func() {
+				pl.before = nil
+				time.Sleep(time.Until(start.Add(c.pauseTo))) // the pause (scenario)
+			}
+			pl.after = func() {
+				pl.after = nil
+				// The kernel took the stale call: the address is back, and
+				// its element lives on. Nothing may answer meanwhile.
+				took := time.Now()
+				back, _ = a.Has(v4)
+				stale = dial(t, cl, v4)
+				time.Sleep(200 * time.Millisecond) // 20 ARP rounds (scenario)
+				if l := arp.LastAnswer(mac); l.After(took) {
+					lateAnswers = l
+				}
+			}
+			g.Sync()
+			if !back {
+				t.Error("the late call did not put the address back: the test shows nothing")
+			}
+			if stale != dialTimeout {
+				t.Errorf("TCP to the VIP after a late refresh: %s, want no answer at all", stale)
+			}
+			if !lateAnswers.IsZero() {
+				t.Errorf("ARP answered %s after the start, after the late refresh reached the kernel (%s after the deadline)",
+					lateAnswers.Sub(start), lateAnswers.Sub(start)-c.later)
+			}
+			if held, _ := a.Has(v4); held {
+				t.Error("the address stayed on the interface after the late call was seen")
+			}
+			if n := g.ctr.late.Load(); n != 1 {
+				t.Errorf("late calls counted: %d, want 1", n)
+			}
+			_, _, doubles, byMAC := arp.Snapshot()
+			if doubles != 0 || len(byMAC) != 1 {
+				t.Errorf("ARP answers by MAC %v, doubles %d", byMAC, doubles)
+			}
+		})
 	}
 }
 

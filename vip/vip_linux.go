@@ -10,6 +10,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
 
@@ -31,8 +32,13 @@ type nlLink struct {
 }
 
 // openLink opens cfg's interface; part names the nftables tables
-// (hapair_<part>_vip) with fence: nftables.
-func openLink(cfg Config, part string) (link, error) {
+// (hapair_<part>_vip). With fence nftables they are the fence and must
+// open. With fence lifetime the address lifetime is the fence, and the
+// same tables are opened beside it for the IPv4 addresses where the
+// kernel allows (a warning on lg where not): their absolute end keeps an
+// address silent that a call taken by the kernel after a pause put back
+// (nft_linux.go); nothing else about the lifetime fence changes.
+func openLink(cfg Config, part string, lg *zap.Logger) (link, error) {
 	ns := netns.None()
 	if cfg.Netns != "" {
 		var err error
@@ -64,10 +70,25 @@ func openLink(cfg Config, part string) (link, error) {
 		l.close()
 		return nil, fmt.Errorf("vip: interface %s: %w", cfg.Interface, err)
 	}
+	table := "hapair_" + part + "_vip"
 	if cfg.Fence == FenceNftables {
-		if l.nft, err = openNftFence(ns, "hapair_"+part+"_vip", cfg.Prefixes()); err != nil {
+		if l.nft, err = openNftFence(ns, table, cfg.Prefixes()); err != nil {
 			l.close()
 			return nil, err
+		}
+		return l, nil
+	}
+	var v4 []netip.Prefix
+	for _, p := range cfg.Prefixes() {
+		if p.Addr().Is4() {
+			v4 = append(v4, p)
+		}
+	}
+	if len(v4) > 0 {
+		if l.nft, err = openNftFence(ns, table, v4); err != nil {
+			l.nft = nil
+			lg.Warn("VIP without nftables tables beside the address lifetime: an add or refresh that reaches the kernel after a pause can make the address answer until this process removes it",
+				zap.String("interface", cfg.Interface), zap.Error(err))
 		}
 	}
 	return l, nil

@@ -2,8 +2,12 @@
 
 package vip
 
-import "errors"
+import (
+	"errors"
 
-func openLink(Config, string) (link, error) {
+	"go.uber.org/zap"
+)
+
+func openLink(Config, string, *zap.Logger) (link, error) {
 	return nil, errors.New("vip: floating addresses need Linux (netlink)")
 }
