@@ -30,11 +30,7 @@ func TestNftablesFenceSilencesBeforeTheDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs network namespaces; skipped with -short")
 	}
-	lan := nettest.NewLAN(t)
-	a, c := lan.AddHost("A", "10.82.0.1/24"), lan.AddHost("C", "10.82.0.3/24")
-	v4 := netip.MustParseAddr("10.82.0.100")
-	cfg := Default()
-	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.82.0.100/24", "eth0", a.NetnsPath(), FenceNftables
+	a, c, v4, cfg := holderAndClient(t, 82, FenceNftables)
 	start := time.Now()
 	now := func() time.Duration { return time.Since(start) }
 	var deadline atomic.Int64
@@ -284,11 +280,7 @@ func TestNftablesFenceLateRefreshStaysSilent(t *testing.T) {
 		{FenceLifetime, 1600 * ms, 2600 * ms, 3000 * ms},
 	} {
 		t.Run(string(c.fence), func(t *testing.T) {
-			lan := nettest.NewLAN(t)
-			a, cl := lan.AddHost("A", "10.84.0.1/24"), lan.AddHost("C", "10.84.0.3/24")
-			v4 := netip.MustParseAddr("10.84.0.100")
-			cfg := Default()
-			cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.84.0.100/24", "eth0", a.NetnsPath(), c.fence
+			a, cl, v4, cfg := holderAndClient(t, 84, c.fence)
 			lk, err := openLink(cfg, "test"+itoa(i), zaptest.NewLogger(t))
 			if err != nil {
 				t.Fatal(err)
@@ -297,14 +289,8 @@ func TestNftablesFenceLateRefreshStaysSilent(t *testing.T) {
 				t.Fatal("no nftables tables opened")
 			}
 			pl := &pausedLink{link: lk}
-			start := time.Now()
-			now := func() time.Duration { return time.Since(start) }
-			var deadline atomic.Int64
-			deadline.Store(int64(c.first))
-			g := newGuard(cfg, pl, "test", zaptest.NewLogger(t), now, func() (time.Duration, bool) {
-				return time.Duration(deadline.Load()), true
-			})
-			defer g.Close()
+			g := startGuard(t, cfg, pl, c.first)
+			start, deadline := g.start, &g.deadline
 			pinNeighbour(t, cl, v4, a.MAC)
 			arp := nettest.WatchARP(t, cl, v4, 10*time.Millisecond)
 			mac := a.MAC.String()
@@ -372,22 +358,9 @@ func TestNftablesFenceSurvivesARulesetFlush(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs network namespaces; skipped with -short")
 	}
-	lan := nettest.NewLAN(t)
-	a, c := lan.AddHost("A", "10.86.0.1/24"), lan.AddHost("C", "10.86.0.3/24")
-	v4 := netip.MustParseAddr("10.86.0.100")
-	cfg := Default()
-	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = "10.86.0.100/24", "eth0", a.NetnsPath(), FenceNftables
-	start := time.Now()
-	now := func() time.Duration { return time.Since(start) }
-	var deadline atomic.Int64
-	deadline.Store(int64(time.Minute))
-	g, err := New(cfg, "test", zaptest.NewLogger(t), now, func() (time.Duration, bool) {
-		return time.Duration(deadline.Load()), true
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	a, c, v4, cfg := holderAndClient(t, 86, FenceNftables)
+	g := startGuard(t, cfg, nil, time.Minute)
+	deadline := &g.deadline
 	pinNeighbour(t, c, v4, a.MAC)
 	g.Sync()
 	if got := dial(t, c, v4); got != dialRefused {
@@ -417,4 +390,16 @@ func TestNftablesFenceSurvivesARulesetFlush(t *testing.T) {
 	if got := dial(t, c, v4); got != dialTimeout {
 		t.Errorf("TCP to the VIP after the fence was lost: %s, want no answer", got)
 	}
+}
+
+// holderAndClient makes a LAN 10.<subnet>.0.0/24 with a holder A (.1) and a
+// client C (.3), and the config of a VIP .100 on A's eth0 with fence.
+func holderAndClient(t *testing.T, subnet int, fence Fence) (a, c *nettest.Host, vip netip.Addr, cfg Config) {
+	t.Helper()
+	base := "10." + itoa(subnet) + ".0."
+	lan := nettest.NewLAN(t)
+	a, c = lan.AddHost("A", base+"1/24"), lan.AddHost("C", base+"3/24")
+	cfg = Default()
+	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = base+"100/24", "eth0", a.NetnsPath(), fence
+	return a, c, netip.MustParseAddr(base + "100"), cfg
 }

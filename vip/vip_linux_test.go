@@ -190,17 +190,8 @@ func TestGuardFollowsARecreatedInterface(t *testing.T) {
 	mkDummy()
 	cfg := Default()
 	cfg.Address, cfg.Interface, cfg.Netns = "10.85.0.100/24", "vip0", h.NetnsPath()
-	start := time.Now()
-	now := func() time.Duration { return time.Since(start) }
-	var deadline atomic.Int64
-	deadline.Store(int64(time.Hour))
-	g, err := New(cfg, "test", zaptest.NewLogger(t), now, func() (time.Duration, bool) {
-		return time.Duration(deadline.Load()), true
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := startGuard(t, cfg, nil, time.Hour)
+	deadline := &g.deadline
 	v4 := netip.MustParseAddr("10.85.0.100")
 	g.Sync()
 	if ok, err := h.Has(v4); err != nil || !ok {
@@ -235,4 +226,31 @@ func TestGuardFollowsARecreatedInterface(t *testing.T) {
 	if n := g.ctr.errAdd.Load(); n != 1 {
 		t.Fatalf("add errors after the retry: %d, want still 1", n)
 	}
+}
+
+// kernelGuard is a guard whose owner may always hold the addresses, until a
+// deadline the test sets (on a clock that starts at start).
+type kernelGuard struct {
+	*Guard
+	deadline atomic.Int64
+	start    time.Time
+}
+
+// startGuard opens cfg's link (or uses lk) for a guard with deadline first;
+// the test's cleanup closes it.
+func startGuard(t *testing.T, cfg Config, lk link, first time.Duration) *kernelGuard {
+	t.Helper()
+	tg := &kernelGuard{start: time.Now()}
+	tg.deadline.Store(int64(first))
+	now := func() time.Duration { return time.Since(tg.start) }
+	allow := func() (time.Duration, bool) { return time.Duration(tg.deadline.Load()), true }
+	if lk == nil {
+		var err error
+		if lk, err = openLink(cfg, "test", zaptest.NewLogger(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tg.Guard = newGuard(cfg, lk, "test", zaptest.NewLogger(t), now, allow)
+	t.Cleanup(func() { tg.Close() })
+	return tg
 }
