@@ -403,3 +403,51 @@ func holderAndClient(t *testing.T, subnet int, fence Fence) (a, c *nettest.Host,
 	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = base+"100/24", "eth0", a.NetnsPath(), fence
 	return a, c, netip.MustParseAddr(base + "100"), cfg
 }
+
+// With fence lifetime the tables are an extra: when they fail, they go
+// (with a warning) and the address is added with its lifetime all the
+// same. The failure here is a timeout below the kernel's unit, which the
+// guard never asks for; any other error takes the same path.
+func TestExtraTablesFailingDoNotCostTheAddress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs network namespaces; skipped with -short")
+	}
+	a, _, v4, cfg := holderAndClient(t, 87, FenceLifetime)
+	lk, err := openLink(cfg, "test", zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.close()
+	n := lk.(*nlLink)
+	if n.nft == nil || !n.nftExtra {
+		t.Fatal("fence lifetime opened no tables beside the lifetime")
+	}
+	if err := lk.replace(cfg.Prefixes(), 2*time.Second, 0, time.Now().Add(time.Second)); err != nil {
+		t.Fatalf("add with failing tables: %v, want the address added all the same", err)
+	}
+	if held, _ := a.Has(v4); !held {
+		t.Fatal("the address was not added")
+	}
+	if n.nft != nil {
+		t.Error("the failed tables were kept")
+	}
+	if out := nftList(t, a); strings.Contains(out, "hapair_test_vip") {
+		t.Errorf("the failed tables are still in the kernel:\n%s", out)
+	}
+	if err := lk.remove(cfg.Prefixes()); err != nil {
+		t.Fatal(err)
+	}
+	// With fence nftables the tables are the fence: the same failure fails the add.
+	cfg.Fence = FenceNftables
+	lk2, err := openLink(cfg, "test", zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk2.close()
+	if err := lk2.replace(cfg.Prefixes(), 2*time.Second, 0, time.Now().Add(time.Second)); err == nil {
+		t.Error("fence nftables: an add whose fence failed succeeded")
+	}
+	if held, _ := a.Has(v4); held {
+		t.Error("fence nftables: the address was added without its fence")
+	}
+}

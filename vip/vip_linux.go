@@ -28,7 +28,13 @@ type nlLink struct {
 	lk  netlink.Link
 	h   *netlink.Handle
 	pkt int       // AF_PACKET socket, send only
-	nft *nftFence // fence: nftables; nil otherwise
+	nft *nftFence // the nftables tables; nil: none
+	// nftExtra: the tables sit beside the lifetime fence (fence lifetime)
+	// rather than being the fence. A failure there then drops them with a
+	// warning and the addresses go on with their lifetime alone: the
+	// default fence must not lose the VIP over an extra.
+	nftExtra bool
+	lg       *zap.Logger
 }
 
 // openLink opens cfg's interface; part names the nftables tables
@@ -65,7 +71,7 @@ func openLink(cfg Config, part string, lg *zap.Logger) (link, error) {
 		h.Close()
 		return nil, fmt.Errorf("vip: packet socket (needs CAP_NET_RAW): %w", err)
 	}
-	l := &nlLink{name: cfg.Interface, h: h, pkt: pkt}
+	l := &nlLink{name: cfg.Interface, h: h, pkt: pkt, lg: lg}
 	if l.lk, err = h.LinkByName(cfg.Interface); err != nil {
 		l.close()
 		return nil, fmt.Errorf("vip: interface %s: %w", cfg.Interface, err)
@@ -85,6 +91,7 @@ func openLink(cfg Config, part string, lg *zap.Logger) (link, error) {
 		}
 	}
 	if len(v4) > 0 {
+		l.nftExtra = true
 		if l.nft, err = openNftFence(ns, table, v4); err != nil {
 			l.nft = nil
 			lg.Warn("VIP without nftables tables beside the address lifetime: an add or refresh that reaches the kernel after a pause can make the address answer until this process removes it",
@@ -164,7 +171,10 @@ func (l *nlLink) replace(ps []netip.Prefix, lifetime, fence time.Duration, fence
 	if l.nft != nil {
 		// The fence first: an address never answers outside it.
 		if err := l.nft.hold(fence, fenceEnd); err != nil {
-			return err
+			if !l.nftExtra {
+				return err
+			}
+			l.dropExtra(err)
 		}
 	}
 	for _, p := range ps {
@@ -195,11 +205,27 @@ func (l *nlLink) remove(ps []netip.Prefix) error {
 		}
 	}
 	if l.nft != nil {
-		if err := l.nft.release(); err != nil && first == nil {
-			first = err
+		if err := l.nft.release(); err != nil {
+			if l.nftExtra {
+				l.dropExtra(err)
+			} else if first == nil {
+				first = err
+			}
 		}
 	}
 	return first
+}
+
+// dropExtra deletes the tables beside the lifetime fence after they
+// failed: the addresses keep the lifetime fence, as where the kernel
+// refused the tables at start.
+func (l *nlLink) dropExtra(err error) {
+	l.lg.Warn("VIP: the nftables tables beside the address lifetime failed; going on without them",
+		zap.String("interface", l.name), zap.Error(err))
+	if cerr := l.nft.close(); cerr != nil {
+		l.lg.Warn("VIP: deleting the nftables tables", zap.Error(cerr))
+	}
+	l.nft = nil
 }
 
 func (l *nlLink) announce(ps []netip.Prefix) error {
