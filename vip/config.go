@@ -13,13 +13,14 @@
 //     kernel deletes it on time without the process. Lifetimes are whole
 //     seconds, so this fence needs a lease of about 2 s or more; with
 //     fence: nftables an nftables set element whose timeout (milliseconds)
-//     ends before the deadline silences the addresses instead (no ARP
-//     answer, no packet in), which allows a 1 s lease (nft_linux.go).
+//     ends before the deadline silences the addresses instead (no ARP or
+//     neighbour advertisement answer, no packet in), which allows a 1 s
+//     lease (nft_linux.go).
 //
 // A call that the kernel takes late (the process paused between reading
 // its clock and the syscall) re-creates an address that the kernel had
 // already deleted, with a lifetime counted from then; the nftables tables
-// also carry the end as an absolute time, so with either fence an IPv4
+// also carry the end as an absolute time, so with either fence an
 // address put back that way stays silent until the process removes it.
 package vip
 
@@ -53,16 +54,18 @@ type Config struct {
 	// addresses (paused, killed, stuck): "lifetime" (the default) deletes
 	// them at their kernel valid lifetime, whole seconds ending KernelSlack
 	// (500ms) before the deadline, so the lease must leave at least 1 s of
-	// it, and where the kernel allows also opens the tables below for the
-	// IPv4 addresses, only so that a call taken late cannot make them
-	// answer (a warning when it cannot); "nftables" also installs nftables tables hapair_<part>_vip (arp
-	// and ip families) that drop the host's ARP answers for the addresses
+	// it, and where the kernel allows also opens the tables below, only
+	// so that a call taken late cannot make them answer (a warning when it
+	// cannot); "nftables" installs nftables tables hapair_<part>_vip (arp
+	// and ip families for IPv4 addresses, ip6 for IPv6 ones) that drop the
+	// host's ARP answers and neighbour advertisements for the addresses
 	// and every packet to them once a set element, refreshed with each
 	// deadline, times out FenceSlack (150ms) before it: millisecond
 	// precision, for leases down to 1 s; the same end is also written as
 	// an absolute (wall-clock) time, so a refresh that reaches the kernel
-	// late, after a pause, cannot make the addresses answer again. nftables: IPv4 addresses only;
-	// needs nf_tables in the kernel (CAP_NET_ADMIN, as the addresses do).
+	// late, after a pause, cannot make the addresses answer again.
+	// nftables needs nf_tables in the kernel (CAP_NET_ADMIN, as the
+	// addresses do).
 	Fence Fence `yaml:"fence"`
 	// Netns is the path of the network namespace that holds the interface,
 	// e.g. /run/netns/front (default "": the process's own). For containers
@@ -142,17 +145,7 @@ func (c Config) Validate(prefix string) error {
 		return config.Errorf(config.Join(prefix, "announce-interval"), c.AnnounceInterval, "must be positive and at most 10s")
 	}
 	switch c.Fence {
-	case FenceLifetime, "":
-	case FenceNftables:
-		for i, p := range c.Prefixes() {
-			if p.Addr().Is6() {
-				field := "address"
-				if i > 0 {
-					field = "extra[" + itoa(i-1) + "]"
-				}
-				return config.Errorf(config.Join(prefix, field), p.String(), "fence: nftables covers IPv4 addresses only; use fence: lifetime for IPv6")
-			}
-		}
+	case FenceLifetime, "", FenceNftables:
 	default:
 		return config.Errorf(config.Join(prefix, "fence"), c.Fence, "must be lifetime or nftables")
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -14,17 +15,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// nftFence is the millisecond fence (fence: nftables). Two tables, one in
-// the arp family and one in the ip family, both named hapair_<part>_vip,
-// hold a set "held" of addresses whose elements time out, and a chain
-// "until" whose one rule drops from an absolute wall-clock time on, and
-// drop, for every configured address that is not in "held" or once that
-// time has come:
-//   - the host's ARP output with that sender address (no ARP answer, no
-//     gratuitous ARP), in an output chain of the arp family;
+// nftFence is the millisecond fence (fence: nftables), and the tables
+// beside the address lifetime (fence: lifetime). Tables named
+// hapair_<part>_vip, one per family in use (arp and ip for IPv4
+// addresses, ip6 for IPv6 ones), each hold a set "held" of addresses whose
+// elements time out, and a chain "until" whose one rule drops from an
+// absolute wall-clock time on, and drop, for every configured address that
+// is not in "held" or once that time has come:
+//   - the host's answers for it: ARP output with that sender address, in
+//     an output chain of the arp family; neighbour advertisements with
+//     that target, in an output chain of the ip6 family;
 //   - every packet sent to it, in a prerouting chain at priority -300
 //     (before conntrack), so a client whose neighbour entry is still
 //     fresh reaches nothing either.
+//
+// Announcements (gratuitous ARP, unsolicited NA) go out on a packet
+// socket, which these hooks do not see; the guard sends them only while
+// allowed.
 //
 // hold puts the addresses in "held" with a timeout that ends before the
 // owner's deadline; the kernel drops an element at its timeout on its own
@@ -43,19 +50,73 @@ import (
 // about pauses.
 //
 // These are the rules bench/vip/nftfence.sh makes with nft(8), as
-// `nft --debug=netlink` shows them: a payload load of the sender (arp,
-// network header + 14) or destination (ip, network header + 16) address,
-// a compare with the address, an inverted lookup in "held", drop; the
-// same load and compare, jump to "until"; there `meta time >= END drop`,
-// which nft writes as a meta load of time, a byteorder hton of its 8
-// bytes and a compare.
+// `nft --debug=netlink` shows them: a payload load of the address checked
+// (see nftFamilies), a compare with the address, an inverted lookup in
+// "held", drop; the same load and compare, jump to "until"; there
+// `meta time >= END drop`, which nft writes as a meta load of time, a
+// byteorder hton of its 8 bytes and a compare.
 type nftFence struct {
 	c      *nftables.Conn
 	table  string
-	tabs   []*nftables.Table
-	sets   []*nftables.Set
-	untils []*nftables.Chain
-	keys   []nftables.SetElement
+	v4, v6 [][]byte // the addresses, as set keys
+	tabs   []nftTable
+}
+
+// nftTable is one family's table as last installed.
+type nftTable struct {
+	tab   *nftables.Table
+	set   *nftables.Set
+	until *nftables.Chain
+	keys  []nftables.SetElement
+}
+
+// nftHook is one base chain: where it hooks, and the expressions that leave
+// the address to check in register 1 (a packet they do not match goes on).
+type nftHook struct {
+	name string
+	hook nftables.ChainHook
+	prio nftables.ChainPriority
+	load []expr.Any
+}
+
+func payload(base expr.PayloadBase, offset, n uint32) *expr.Payload {
+	return &expr.Payload{DestRegister: 1, Base: base, Offset: offset, Len: n}
+}
+
+// nftFamilies are the tables for IPv4 (v6 false) or IPv6 addresses, with
+// the rules nft(8) writes for the same matches.
+func nftFamilies(v6 bool) []struct {
+	family  nftables.TableFamily
+	keyType nftables.SetDatatype
+	chains  []nftHook
+} {
+	type fam = struct {
+		family  nftables.TableFamily
+		keyType nftables.SetDatatype
+		chains  []nftHook
+	}
+	nh, th := expr.PayloadBaseNetworkHeader, expr.PayloadBaseTransportHeader
+	if !v6 {
+		return []fam{
+			// arp sender protocol address: output, no answer from this host
+			{nftables.TableFamilyARP, nftables.TypeIPAddr, []nftHook{{"fence", nfARPOut, 0, []expr.Any{payload(nh, 14, 4)}}}},
+			// IPv4 destination
+			{nftables.TableFamilyIPv4, nftables.TypeIPAddr, []nftHook{{"fence", *nftables.ChainHookPrerouting, -300, []expr.Any{payload(nh, 16, 4)}}}},
+		}
+	}
+	return []fam{{nftables.TableFamilyIPv6, nftables.TypeIP6Addr, []nftHook{
+		// IPv6 destination
+		{"fence", *nftables.ChainHookPrerouting, -300, []expr.Any{payload(nh, 24, 16)}},
+		// `icmpv6 type nd-neighbor-advert @th,64,128`: the target of a
+		// neighbour advertisement this host sends
+		{"na", *nftables.ChainHookOutput, 0, []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_ICMPV6}},
+			payload(th, 0, 1),
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{136}}, // ND_NEIGHBOR_ADVERT
+			payload(th, 8, 16),
+		}},
+	}}}
 }
 
 // nftMetaTimeNS is NFT_META_TIME_NS (linux/netfilter/nf_tables.h, kernel
@@ -81,8 +142,11 @@ func openNftFence(ns netns.NsHandle, table string, ps []netip.Prefix) (*nftFence
 	}
 	f := &nftFence{c: c, table: table}
 	for _, p := range ps {
-		a := p.Addr().As4()
-		f.keys = append(f.keys, nftables.SetElement{Key: a[:]})
+		if a := p.Addr(); a.Is4() {
+			f.v4 = append(f.v4, a.AsSlice())
+		} else {
+			f.v6 = append(f.v6, a.AsSlice())
+		}
 	}
 	if err := f.install(); err != nil {
 		c.CloseLasting()
@@ -99,45 +163,45 @@ func (f *nftFence) install() error {
 	nftMu.Lock()
 	defer nftMu.Unlock()
 	c := f.c
-	f.tabs, f.sets, f.untils = nil, nil, nil
-	arpHook, preHook := nftables.ChainHook(nfARPOut), *nftables.ChainHookPrerouting
-	arpPrio, prePrio := nftables.ChainPriority(0), nftables.ChainPriority(-300)
-	for _, fam := range []struct {
-		family nftables.TableFamily
-		hook   *nftables.ChainHook
-		prio   *nftables.ChainPriority
-		offset uint32 // of the address checked, from the network header
-	}{
-		{nftables.TableFamilyARP, &arpHook, &arpPrio, 14},  // ARP sender protocol address
-		{nftables.TableFamilyIPv4, &preHook, &prePrio, 16}, // IPv4 destination
-	} {
-		tab := &nftables.Table{Name: f.table, Family: fam.family}
-		c.AddTable(tab)
-		c.DelTable(tab)
-		c.AddTable(tab)
-		set := &nftables.Set{Table: tab, Name: "held", KeyType: nftables.TypeIPAddr, HasTimeout: true}
-		if err := c.AddSet(set, nil); err != nil {
-			return fmt.Errorf("nftables set: %w", err)
+	f.tabs = nil
+	for _, v6 := range []bool{false, true} {
+		addrs := f.v4
+		if v6 {
+			addrs = f.v6
 		}
-		accept := nftables.ChainPolicyAccept
-		until := c.AddChain(&nftables.Chain{Name: "until", Table: tab})
-		c.AddRule(untilRule(until, time.Time{}))
-		ch := c.AddChain(&nftables.Chain{Name: "fence", Table: tab, Type: nftables.ChainTypeFilter,
-			Hooknum: fam.hook, Priority: fam.prio, Policy: &accept})
-		for _, k := range f.keys {
-			addr := func(e ...expr.Any) []expr.Any {
-				return append([]expr.Any{
-					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: fam.offset, Len: 4},
-					&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: k.Key},
-				}, e...)
+		if len(addrs) == 0 {
+			continue
+		}
+		var keys []nftables.SetElement
+		for _, a := range addrs {
+			keys = append(keys, nftables.SetElement{Key: a})
+		}
+		for _, fam := range nftFamilies(v6) {
+			tab := &nftables.Table{Name: f.table, Family: fam.family}
+			c.AddTable(tab)
+			c.DelTable(tab)
+			c.AddTable(tab)
+			set := &nftables.Set{Table: tab, Name: "held", KeyType: fam.keyType, HasTimeout: true}
+			if err := c.AddSet(set, nil); err != nil {
+				return fmt.Errorf("nftables set: %w", err)
 			}
-			c.AddRule(&nftables.Rule{Table: tab, Chain: ch, Exprs: addr(
-				&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, Invert: true},
-				&expr.Verdict{Kind: expr.VerdictDrop})})
-			c.AddRule(&nftables.Rule{Table: tab, Chain: ch, Exprs: addr(
-				&expr.Verdict{Kind: expr.VerdictJump, Chain: until.Name})})
+			until := c.AddChain(&nftables.Chain{Name: "until", Table: tab})
+			c.AddRule(untilRule(until, time.Time{}))
+			accept := nftables.ChainPolicyAccept
+			for _, h := range fam.chains {
+				ch := c.AddChain(&nftables.Chain{Name: h.name, Table: tab, Type: nftables.ChainTypeFilter,
+					Hooknum: &h.hook, Priority: &h.prio, Policy: &accept})
+				for _, k := range keys {
+					match := append(slices.Clip(h.load), &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: k.Key})
+					c.AddRule(&nftables.Rule{Table: tab, Chain: ch, Exprs: append(slices.Clip(match),
+						&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, Invert: true},
+						&expr.Verdict{Kind: expr.VerdictDrop})})
+					c.AddRule(&nftables.Rule{Table: tab, Chain: ch, Exprs: append(slices.Clip(match),
+						&expr.Verdict{Kind: expr.VerdictJump, Chain: until.Name})})
+				}
+			}
+			f.tabs = append(f.tabs, nftTable{tab: tab, set: set, until: until, keys: keys})
 		}
-		f.tabs, f.sets, f.untils = append(f.tabs, tab), append(f.sets, set), append(f.untils, until)
 	}
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("nftables tables %s (needs CAP_NET_ADMIN and nf_tables): %w", f.table, err)
@@ -202,14 +266,14 @@ func (f *nftFence) release() error {
 }
 
 // apply sets the elements (timeout d; absent when d is 0) and the "until"
-// rule (end; drop everything when zero) of both tables in one transaction.
+// rule (end; drop everything when zero) of every table in one transaction.
 func (f *nftFence) apply(d time.Duration, end time.Time) error {
-	for i, s := range f.sets {
-		if err := f.batch(s, d); err != nil {
+	for _, t := range f.tabs {
+		if err := f.batch(t, d); err != nil {
 			return err
 		}
-		f.c.FlushChain(f.untils[i])
-		f.c.AddRule(untilRule(f.untils[i], end))
+		f.c.FlushChain(t.until)
+		f.c.AddRule(untilRule(t.until, end))
 	}
 	if err := f.c.Flush(); err != nil {
 		return fmt.Errorf("nftables fence: %w", err)
@@ -217,33 +281,33 @@ func (f *nftFence) apply(d time.Duration, end time.Time) error {
 	return nil
 }
 
-// batch queues the element changes of one set: present afterwards with
-// timeout d, or absent when d is 0.
-func (f *nftFence) batch(s *nftables.Set, d time.Duration) error {
-	tmp := make([]nftables.SetElement, len(f.keys))
-	for i, k := range f.keys {
+// batch queues the element changes of one table's set: present afterwards
+// with timeout d, or absent when d is 0.
+func (f *nftFence) batch(t nftTable, d time.Duration) error {
+	tmp := make([]nftables.SetElement, len(t.keys))
+	for i, k := range t.keys {
 		tmp[i] = nftables.SetElement{Key: k.Key, Timeout: time.Millisecond}
 	}
-	if err := f.c.SetAddElements(s, tmp); err != nil {
+	if err := f.c.SetAddElements(t.set, tmp); err != nil {
 		return err
 	}
-	if err := f.c.SetDeleteElements(s, f.keys); err != nil {
+	if err := f.c.SetDeleteElements(t.set, t.keys); err != nil {
 		return err
 	}
 	if d == 0 {
 		return nil
 	}
-	els := make([]nftables.SetElement, len(f.keys))
-	for i, k := range f.keys {
+	els := make([]nftables.SetElement, len(t.keys))
+	for i, k := range t.keys {
 		els[i] = nftables.SetElement{Key: k.Key, Timeout: d}
 	}
-	return f.c.SetAddElements(s, els)
+	return f.c.SetAddElements(t.set, els)
 }
 
 // close deletes the tables: the addresses are gone by then (Guard.Close).
 func (f *nftFence) close() error {
 	for _, t := range f.tabs {
-		f.c.DelTable(t)
+		f.c.DelTable(t.tab)
 	}
 	err := f.c.Flush()
 	if cerr := f.c.CloseLasting(); err == nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
 
 	"github.com/hapair/hapair/internal/nettest"
 )
@@ -30,7 +31,8 @@ func TestNftablesFenceSilencesBeforeTheDeadline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs network namespaces; skipped with -short")
 	}
-	a, c, v4, cfg := holderAndClient(t, 82, FenceNftables)
+	l := holderAndClient(t, 82, FenceNftables)
+	a, c, v4, cfg := l.a, l.c, l.v4, l.cfg
 	start := time.Now()
 	now := func() time.Duration { return time.Since(start) }
 	var deadline atomic.Int64
@@ -58,6 +60,13 @@ func TestNftablesFenceSilencesBeforeTheDeadline(t *testing.T) {
 	if got := dial(t, c, v4); got != dialRefused {
 		t.Fatalf("TCP to the held VIP: %s, want refused (the holder's RST)", got)
 	}
+	pinNeighbour(t, c, l.v6, a.MAC)
+	if got := learnedMAC(t, l.d, l.v6); got.String() != mac {
+		t.Fatalf("IPv6 VIP held: D resolved it to %v, want A's %s", got, mac)
+	}
+	if got := dial(t, c, l.v6); got != dialRefused {
+		t.Fatalf("TCP to the held IPv6 VIP: %s, want refused", got)
+	}
 	// Refresh before the first deadline: answers go on past it.
 	time.Sleep(time.Until(start.Add(400 * time.Millisecond))) // a keep-alive's arrival (scenario)
 	const later = 1400 * time.Millisecond
@@ -79,6 +88,15 @@ func TestNftablesFenceSilencesBeforeTheDeadline(t *testing.T) {
 	if got := dial(t, c, v4); got != dialTimeout {
 		t.Fatalf("TCP to the fenced VIP: %s, want no answer at all", got)
 	}
+	if held, _ := a.Has(l.v6); !held {
+		t.Error("the IPv6 address left the interface: with fence nftables it stays until its lifetime, silenced")
+	}
+	if got := dial(t, c, l.v6); got != dialTimeout {
+		t.Fatalf("TCP to the fenced IPv6 VIP: %s, want no answer at all", got)
+	}
+	if got := learnedMAC(t, l.d, l.v6); got != nil {
+		t.Fatalf("the fenced IPv6 VIP still answers neighbour solicitations (D resolved it to %s)", got)
+	}
 	_, answered, _, _ := arp.Snapshot()
 
 	// Held again over the expired element; then the fence is lost.
@@ -88,6 +106,9 @@ func TestNftablesFenceSilencesBeforeTheDeadline(t *testing.T) {
 	if got := dial(t, c, v4); got != dialRefused {
 		t.Fatalf("TCP to the re-held VIP: %s, want refused", got)
 	}
+	if got := dial(t, c, l.v6); got != dialRefused {
+		t.Fatalf("TCP to the re-held IPv6 VIP: %s, want refused", got)
+	}
 	ok.Store(false)
 	g.Sync()
 	lost := time.Now()
@@ -95,8 +116,10 @@ func TestNftablesFenceSilencesBeforeTheDeadline(t *testing.T) {
 	if l := arp.LastAnswer(mac); l.After(lost.Add(20 * time.Millisecond)) {
 		t.Errorf("answered ARP %s after the fence was lost", l.Sub(lost))
 	}
-	if held, _ := a.Has(v4); held {
-		t.Error("the address stayed on the interface after the fence was lost")
+	for _, ip := range []netip.Addr{v4, l.v6} {
+		if held, _ := a.Has(ip); held {
+			t.Errorf("%s stayed on the interface after the fence was lost", ip)
+		}
 	}
 	_, _, doubles, byMAC := arp.Snapshot()
 	if doubles != 0 || len(byMAC) != 1 {
@@ -152,13 +175,12 @@ func TestNftablesFenceReplacesLeftovers(t *testing.T) {
 	}
 }
 
-func TestNftablesFenceRefusesIPv6(t *testing.T) {
+func TestFenceValidation(t *testing.T) {
 	cfg := Default()
 	cfg.Address, cfg.Interface, cfg.Fence = "10.0.0.100/24", "eth0", FenceNftables
 	cfg.Extra = []string{"2001:db8::100/64"}
-	err := cfg.Validate("vip")
-	if err == nil || !strings.Contains(err.Error(), "vip.extra[0]") {
-		t.Fatalf("IPv6 with fence nftables: %v, want an error naming vip.extra[0]", err)
+	if err := cfg.Validate("vip"); err != nil {
+		t.Fatalf("IPv6 with fence nftables (its ip6 table): %v", err)
 	}
 	cfg.Extra, cfg.Fence = nil, "bpf"
 	if err := cfg.Validate("vip"); err == nil || !strings.Contains(err.Error(), "vip.fence") {
@@ -182,7 +204,11 @@ func pinNeighbour(t *testing.T, h *nettest.Host, ip netip.Addr, mac net.Hardware
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.H.NeighSet(&netlink.Neigh{LinkIndex: eth.Attrs().Index, Family: netlink.FAMILY_V4,
+	fam := netlink.FAMILY_V4
+	if ip.Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	if err := h.H.NeighSet(&netlink.Neigh{LinkIndex: eth.Attrs().Index, Family: fam,
 		State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac}); err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +306,8 @@ func TestNftablesFenceLateRefreshStaysSilent(t *testing.T) {
 		{FenceLifetime, 1600 * ms, 2600 * ms, 3000 * ms},
 	} {
 		t.Run(string(c.fence), func(t *testing.T) {
-			a, cl, v4, cfg := holderAndClient(t, 84, c.fence)
+			l := holderAndClient(t, 84, c.fence)
+			a, cl, v4, cfg := l.a, l.c, l.v4, l.cfg
 			lk, err := openLink(cfg, "test"+itoa(i), zaptest.NewLogger(t))
 			if err != nil {
 				t.Fatal(err)
@@ -297,17 +324,26 @@ func TestNftablesFenceLateRefreshStaysSilent(t *testing.T) {
 
 			g.Sync()
 			waitFor(t, 2*time.Second, "an ARP answer from the holder", func() bool { return !arp.LastAnswer(mac).IsZero() })
-			if out := nftList(t, a); strings.Count(out, "meta time >= ") != 2 {
-				t.Fatalf("want one absolute end per table, as nft(8) reads it:\n%s", out)
+			if out := nftList(t, a); strings.Count(out, "meta time >= ") != 3 {
+				t.Fatalf("want one absolute end per table (arp, ip, ip6), as nft(8) reads it:\n%s", out)
+			}
+			// IPv6: D resolves the address to A, C (pinned) reaches A.
+			pinNeighbour(t, cl, l.v6, a.MAC)
+			if got := learnedMAC(t, l.d, l.v6); got.String() != mac {
+				t.Fatalf("IPv6 VIP held: D resolved it to %v, want A's %s", got, mac)
+			}
+			if got := dial(t, cl, l.v6); got != dialRefused {
+				t.Fatalf("TCP to the held IPv6 VIP: %s, want refused (the holder's RST)", got)
 			}
 
 			// A keep-alive's answer moves the deadline on; the owner reads
 			// its clocks, then stops until past it before its call reaches
 			// the kernel.
 			deadline.Store(int64(c.later))
-			var stale dialResult
+			var stale, stale6 dialResult
 			var lateAnswers time.Time
-			var back bool
+			var back, back6 bool
+			var learned6 net.HardwareAddr
 			pl.before = func() {
 				pl.before = nil
 				time.Sleep(time.Until(start.Add(c.pauseTo))) // the pause (scenario)
@@ -318,25 +354,33 @@ func TestNftablesFenceLateRefreshStaysSilent(t *testing.T) {
 				// its element lives on. Nothing may answer meanwhile.
 				took := time.Now()
 				back, _ = a.Has(v4)
+				back6, _ = a.Has(l.v6)
 				stale = dial(t, cl, v4)
+				stale6 = dial(t, cl, l.v6)
+				learned6 = learnedMAC(t, l.d, l.v6)
 				time.Sleep(200 * time.Millisecond) // 20 ARP rounds (scenario)
 				if l := arp.LastAnswer(mac); l.After(took) {
 					lateAnswers = l
 				}
 			}
 			g.Sync()
-			if !back {
-				t.Error("the late call did not put the address back: the test shows nothing")
+			if !back || !back6 {
+				t.Errorf("the late call did not put the addresses back (IPv4 %v, IPv6 %v): the test shows nothing", back, back6)
 			}
-			if stale != dialTimeout {
-				t.Errorf("TCP to the VIP after a late refresh: %s, want no answer at all", stale)
+			if stale != dialTimeout || stale6 != dialTimeout {
+				t.Errorf("TCP to the VIP after a late refresh: IPv4 %s, IPv6 %s; want no answer at all", stale, stale6)
+			}
+			if learned6 != nil {
+				t.Errorf("after the late refresh a neighbour advertisement resolved the IPv6 VIP to %s", learned6)
 			}
 			if !lateAnswers.IsZero() {
 				t.Errorf("ARP answered %s after the start, after the late refresh reached the kernel (%s after the deadline)",
 					lateAnswers.Sub(start), lateAnswers.Sub(start)-c.later)
 			}
-			if held, _ := a.Has(v4); held {
-				t.Error("the address stayed on the interface after the late call was seen")
+			for _, ip := range []netip.Addr{v4, l.v6} {
+				if held, _ := a.Has(ip); held {
+					t.Errorf("%s stayed on the interface after the late call was seen", ip)
+				}
 			}
 			if n := g.ctr.late.Load(); n != 1 {
 				t.Errorf("late calls counted: %d, want 1", n)
@@ -358,7 +402,8 @@ func TestNftablesFenceSurvivesARulesetFlush(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs network namespaces; skipped with -short")
 	}
-	a, c, v4, cfg := holderAndClient(t, 86, FenceNftables)
+	l := holderAndClient(t, 86, FenceNftables)
+	a, c, v4, cfg := l.a, l.c, l.v4, l.cfg
 	g := startGuard(t, cfg, nil, time.Minute)
 	deadline := &g.deadline
 	pinNeighbour(t, c, v4, a.MAC)
@@ -392,16 +437,65 @@ func TestNftablesFenceSurvivesARulesetFlush(t *testing.T) {
 	}
 }
 
-// holderAndClient makes a LAN 10.<subnet>.0.0/24 with a holder A (.1) and a
-// client C (.3), and the config of a VIP .100 on A's eth0 with fence.
-func holderAndClient(t *testing.T, subnet int, fence Fence) (a, c *nettest.Host, vip netip.Addr, cfg Config) {
+// fenceLAN is a LAN 10.<subnet>.0.0/24 and 2001:db8:<subnet>::/64 with a
+// holder A (.1, ::1) and clients C (.3, ::3) and D (.4, ::4), and the
+// config of a VIP on A's eth0: v4 (.100) with the IPv6 v6 (::100) as its
+// extra address.
+type fenceLAN struct {
+	a, c, d *nettest.Host
+	v4, v6  netip.Addr
+	cfg     Config
+}
+
+func holderAndClient(t *testing.T, subnet int, fence Fence) fenceLAN {
 	t.Helper()
-	base := "10." + itoa(subnet) + ".0."
+	base, base6 := "10."+itoa(subnet)+".0.", "2001:db8:"+itoa(subnet)+"::"
 	lan := nettest.NewLAN(t)
-	a, c = lan.AddHost("A", base+"1/24"), lan.AddHost("C", base+"3/24")
-	cfg = Default()
-	cfg.Address, cfg.Interface, cfg.Netns, cfg.Fence = base+"100/24", "eth0", a.NetnsPath(), fence
-	return a, c, netip.MustParseAddr(base + "100"), cfg
+	l := fenceLAN{a: lan.AddHost("A", base+"1/24"), c: lan.AddHost("C", base+"3/24"), d: lan.AddHost("D", base+"4/24"),
+		v4: netip.MustParseAddr(base + "100"), v6: netip.MustParseAddr(base6 + "100")}
+	for h, a := range map[*nettest.Host]string{l.a: "1", l.c: "3", l.d: "4"} {
+		addV6(t, h, netip.MustParsePrefix(base6+a+"/64"))
+	}
+	l.cfg = Default()
+	l.cfg.Address, l.cfg.Interface, l.cfg.Netns, l.cfg.Fence = base+"100/24", "eth0", l.a.NetnsPath(), fence
+	l.cfg.Extra = []string{base6 + "100/64"}
+	return l
+}
+
+// addV6 gives h's eth0 the address p, usable at once (no DAD).
+func addV6(t *testing.T, h *nettest.Host, p netip.Prefix) {
+	t.Helper()
+	eth, err := h.H.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 128)}, Flags: unix.IFA_F_NODAD}
+	if err := h.H.AddrAdd(eth, a); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// learnedMAC asks h's kernel to resolve ip afresh (its neighbour entry
+// deleted, then a TCP attempt) and returns the MAC a neighbour
+// advertisement gave it, nil when none came.
+func learnedMAC(t *testing.T, h *nettest.Host, ip netip.Addr) net.HardwareAddr {
+	t.Helper()
+	eth, err := h.H.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = h.H.NeighDel(&netlink.Neigh{LinkIndex: eth.Attrs().Index, Family: netlink.FAMILY_V6, IP: ip.AsSlice()})
+	dial(t, h, ip)
+	ns, err := h.H.NeighList(eth.Attrs().Index, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range ns {
+		if n.IP.Equal(ip.AsSlice()) && n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE) != 0 {
+			return n.HardwareAddr
+		}
+	}
+	return nil
 }
 
 // With fence lifetime the tables are an extra: when they fail, they go
@@ -412,7 +506,8 @@ func TestExtraTablesFailingDoNotCostTheAddress(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs network namespaces; skipped with -short")
 	}
-	a, _, v4, cfg := holderAndClient(t, 87, FenceLifetime)
+	l := holderAndClient(t, 87, FenceLifetime)
+	a, v4, cfg := l.a, l.v4, l.cfg
 	lk, err := openLink(cfg, "test", zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)

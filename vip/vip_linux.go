@@ -40,8 +40,7 @@ type nlLink struct {
 // openLink opens cfg's interface; part names the nftables tables
 // (hapair_<part>_vip). With fence nftables they are the fence and must
 // open. With fence lifetime the address lifetime is the fence, and the
-// same tables are opened beside it for the IPv4 addresses where the
-// kernel allows (a warning on lg where not): their absolute end keeps an
+// same tables are opened beside it where the kernel allows (a warning on lg where not): their absolute end keeps an
 // address silent that a call taken by the kernel after a pause put back
 // (nft_linux.go); nothing else about the lifetime fence changes.
 func openLink(cfg Config, part string, lg *zap.Logger) (link, error) {
@@ -84,19 +83,11 @@ func openLink(cfg Config, part string, lg *zap.Logger) (link, error) {
 		}
 		return l, nil
 	}
-	var v4 []netip.Prefix
-	for _, p := range cfg.Prefixes() {
-		if p.Addr().Is4() {
-			v4 = append(v4, p)
-		}
-	}
-	if len(v4) > 0 {
-		l.nftExtra = true
-		if l.nft, err = openNftFence(ns, table, v4); err != nil {
-			l.nft = nil
-			lg.Warn("VIP without nftables tables beside the address lifetime: an add or refresh that reaches the kernel after a pause can make the address answer until this process removes it",
-				zap.String("interface", cfg.Interface), zap.Error(err))
-		}
+	l.nftExtra = true
+	if l.nft, err = openNftFence(ns, table, cfg.Prefixes()); err != nil {
+		l.nft = nil
+		lg.Warn("VIP without nftables tables beside the address lifetime: an add or refresh that reaches the kernel after a pause can make the address answer until this process removes it",
+			zap.String("interface", cfg.Interface), zap.Error(err))
 	}
 	return l, nil
 }
