@@ -56,11 +56,11 @@ func Lifetime(rem time.Duration) time.Duration {
 // link is the interface the addresses live on (vip_linux.go; a fake in tests).
 type link interface {
 	// replace adds the prefixes, or refreshes them, with this valid and
-	// preferred lifetime (whole seconds); with fence > 0 (fence: nftables)
-	// it first lets them answer for fence (milliseconds) from now, and
-	// never from fenceEnd (wall clock) on.
+	// preferred lifetime (whole seconds); where it has nftables tables it
+	// first lets them answer for fence (milliseconds) from now, and never
+	// from fenceEnd (wall clock) on.
 	replace(ps []netip.Prefix, lifetime, fence time.Duration, fenceEnd time.Time) error
-	// remove deletes the prefixes and silences them (fence: nftables);
+	// remove deletes the prefixes and silences them (nftables tables);
 	// absent ones are no error.
 	remove(ps []netip.Prefix) error
 	// announce sends one gratuitous ARP / unsolicited NA per prefix.
@@ -215,9 +215,10 @@ func (g *Guard) syncLocked() {
 
 // kernelTimes are the address lifetime and the nftables timeout to set
 // with rem left before the deadline; lifetime 0: no fence fits. With fence
-// nftables the element's timeout is the fence and the lifetime (rem rounded up to whole seconds, + 1 s, so that it
-// never lapses between refreshes) only clears the silenced address off the
-// interface of an owner that stopped.
+// nftables the element's timeout is the fence and the lifetime (rem
+// rounded up to whole seconds, + 1 s, so that it never lapses between
+// refreshes) only clears the silenced address off the interface of an
+// owner that stopped.
 func (g *Guard) kernelTimes(rem time.Duration) (lifetime, fence time.Duration) {
 	if g.cfg.Fence != FenceNftables {
 		// The address lifetime is the fence; the nftables timeout, which

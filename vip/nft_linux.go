@@ -49,12 +49,13 @@ import (
 // element does not care about wall-clock steps, the rule does not care
 // about pauses.
 //
-// These are the rules bench/vip/nftfence.sh makes with nft(8), as
-// `nft --debug=netlink` shows them: a payload load of the address checked
-// (see nftFamilies), a compare with the address, an inverted lookup in
-// "held", drop; the same load and compare, jump to "until"; there
-// `meta time >= END drop`, which nft writes as a meta load of time, a
-// byteorder hton of its 8 bytes and a compare.
+// The rules are what nft(8) makes of the same matches, as `nft
+// --debug=netlink` shows them (the IPv4 ones are bench/vip/nftfence.sh's):
+// a load of the address checked (see nftFamilies), a compare with the
+// address, an inverted lookup in "held", drop; the same load and compare,
+// jump to "until"; there `meta time >= END drop`, which nft writes as a
+// meta load of time, a byteorder hton of its 8 bytes and a compare. The
+// tests read them back with nft(8).
 type nftFence struct {
 	c      *nftables.Conn
 	table  string

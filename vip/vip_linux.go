@@ -40,9 +40,10 @@ type nlLink struct {
 // openLink opens cfg's interface; part names the nftables tables
 // (hapair_<part>_vip). With fence nftables they are the fence and must
 // open. With fence lifetime the address lifetime is the fence, and the
-// same tables are opened beside it where the kernel allows (a warning on lg where not): their absolute end keeps an
-// address silent that a call taken by the kernel after a pause put back
-// (nft_linux.go); nothing else about the lifetime fence changes.
+// same tables are opened beside it where the kernel allows (a warning on
+// lg where not): their absolute end keeps an address silent that a call
+// taken by the kernel after a pause put back (nft_linux.go); nothing else
+// about the lifetime fence changes.
 func openLink(cfg Config, part string, lg *zap.Logger) (link, error) {
 	ns := netns.None()
 	if cfg.Netns != "" {
