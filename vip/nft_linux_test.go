@@ -60,13 +60,7 @@ func TestNftablesFenceSilencesBeforeTheDeadline(t *testing.T) {
 	if got := dial(t, c, v4); got != dialRefused {
 		t.Fatalf("TCP to the held VIP: %s, want refused (the holder's RST)", got)
 	}
-	pinNeighbour(t, c, l.v6, a.MAC)
-	if got := learnedMAC(t, l.d, l.v6); got.String() != mac {
-		t.Fatalf("IPv6 VIP held: D resolved it to %v, want A's %s", got, mac)
-	}
-	if got := dial(t, c, l.v6); got != dialRefused {
-		t.Fatalf("TCP to the held IPv6 VIP: %s, want refused", got)
-	}
+	l.requireHeld6(t)
 	// Refresh before the first deadline: answers go on past it.
 	time.Sleep(time.Until(start.Add(400 * time.Millisecond))) // a keep-alive's arrival (scenario)
 	const later = 1400 * time.Millisecond
@@ -327,14 +321,7 @@ func TestNftablesFenceLateRefreshStaysSilent(t *testing.T) {
 			if out := nftList(t, a); strings.Count(out, "meta time >= ") != 3 {
 				t.Fatalf("want one absolute end per table (arp, ip, ip6), as nft(8) reads it:\n%s", out)
 			}
-			// IPv6: D resolves the address to A, C (pinned) reaches A.
-			pinNeighbour(t, cl, l.v6, a.MAC)
-			if got := learnedMAC(t, l.d, l.v6); got.String() != mac {
-				t.Fatalf("IPv6 VIP held: D resolved it to %v, want A's %s", got, mac)
-			}
-			if got := dial(t, cl, l.v6); got != dialRefused {
-				t.Fatalf("TCP to the held IPv6 VIP: %s, want refused (the holder's RST)", got)
-			}
+			l.requireHeld6(t)
 
 			// A keep-alive's answer moves the deadline on; the owner reads
 			// its clocks, then stops until past it before its call reaches
@@ -460,6 +447,20 @@ func holderAndClient(t *testing.T, subnet int, fence Fence) fenceLAN {
 	l.cfg.Address, l.cfg.Interface, l.cfg.Netns, l.cfg.Fence = base+"100/24", "eth0", l.a.NetnsPath(), fence
 	l.cfg.Extra = []string{base6 + "100/64"}
 	return l
+}
+
+// requireHeld6 checks that the IPv6 VIP answers from A: D resolves it to
+// A's MAC, and C, its neighbour entry pinned to A (a still-fresh entry),
+// gets A's RST.
+func (l fenceLAN) requireHeld6(t *testing.T) {
+	t.Helper()
+	pinNeighbour(t, l.c, l.v6, l.a.MAC)
+	if got := learnedMAC(t, l.d, l.v6); got.String() != l.a.MAC.String() {
+		t.Fatalf("IPv6 VIP held: D resolved it to %v, want A's %s", got, l.a.MAC)
+	}
+	if got := dial(t, l.c, l.v6); got != dialRefused {
+		t.Fatalf("TCP to the held IPv6 VIP: %s, want refused (the holder's RST)", got)
+	}
 }
 
 // addV6 gives h's eth0 the address p, usable at once (no DAD).
