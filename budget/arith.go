@@ -118,7 +118,7 @@ type Outage struct {
 // etcd's leader elsewhere; "worst" has each at its bound and, for a kill or
 // a partition, etcd's raft leader on the failed node too.
 func Arithmetic(t Timers) []Outage {
-	t = t.Merge(Defaults())
+	t = t.Merge(Defaults()).Running()
 	// Patroni's leader key lives on a lease of ttl seconds, kept alive once
 	// per HA cycle: it expires ttl after the last keep-alive.
 	keyTyp := t.PatroniTTL - t.PatroniLoopWait/2 + leaseCheck/2

@@ -182,6 +182,10 @@ func TestCheck(t *testing.T) {
 	}{
 		{"ttl not whole seconds", func(x *Timers) { x.PatroniTTL = 3500 * ms }, RulePatroniSeconds, "ttl"},
 		{"retry_timeout below 2 s", func(x *Timers) { x.PatroniRetryTimeout = 1 * s }, RulePatroniRetry, "retry_timeout"},
+		{"ttl that Patroni 3.2 raises", func(x *Timers) { x.PatroniVersion = "3.2.2" }, RulePatroniFloor, "ttl"},
+		{"retry_timeout that Patroni 4 raises", func(x *Timers) {
+			x.PatroniVersion, x.PatroniTTL, x.PatroniRetryTimeout, x.EtcdElection, x.EtcdHeartbeat = "patroni 4.0.4", 20*s, 2*s, 900*ms, 90*ms
+		}, RulePatroniFloor, "retry_timeout"},
 		{"loop_wait + 2 × retry above ttl", func(x *Timers) { x.PatroniRetryTimeout = 5 * s }, RulePatroniLoop, "ttl"},
 		{"lease longer than ttl", func(x *Timers) { x.LeaseTTL = 12 * s; x.SafetyMargin = 2 * s; x.KeepAliveInterval = 2 * s },
 			RuleLeaseBelowTTL, "lease-ttl"},
@@ -220,6 +224,87 @@ func TestCheck(t *testing.T) {
 				t.Errorf("%v is not a configuration error (binaries would not exit 2)", err)
 			}
 		})
+	}
+}
+
+// TestFloorsFor: Patroni 3.2.0 and later raise ttl and retry_timeout
+// (patroni/config.py _validate_and_adjust_timeouts; its 3.2.2 code, given
+// 5/1/2, runs 20/1/3); earlier releases run what they are given, and the
+// floors are hapair's own rules.
+func TestFloorsFor(t *testing.T) {
+	for _, tc := range []struct {
+		in               string
+		ttl, loop, retry time.Duration
+		raises           bool
+		release          string
+	}{
+		{"3.0.2", 5 * s, 1 * s, 2 * s, false, "3.0.2"},
+		{"patroni 3.1.2", 5 * s, 1 * s, 2 * s, false, "3.1.2"},
+		{"3.2.0", 20 * s, 1 * s, 3 * s, true, "3.2.0"},
+		{"v3.2.2", 20 * s, 1 * s, 3 * s, true, "3.2.2"},
+		{"patroni 4.0.4\n", 20 * s, 1 * s, 3 * s, true, "4.0.4"},
+		{"3.3", 20 * s, 1 * s, 3 * s, true, "3.3.0"},
+		{"2.1.7", 5 * s, 1 * s, 2 * s, false, "2.1.7"},
+		{"__main__.py 3.2.2", 20 * s, 1 * s, 3 * s, true, "3.2.2"}, // python3 -m patroni --version
+	} {
+		f, err := FloorsFor(tc.in)
+		if err != nil {
+			t.Errorf("FloorsFor(%q): %v", tc.in, err)
+			continue
+		}
+		if f.TTL != tc.ttl || f.LoopWait != tc.loop || f.Retry != tc.retry || f.Raises != tc.raises || f.Release != tc.release {
+			t.Errorf("FloorsFor(%q) = %+v, want %s/%s/%s raises %v release %s", tc.in, f, tc.ttl, tc.loop, tc.retry, tc.raises, tc.release)
+		}
+	}
+	for _, bad := range []string{"", "x", "3", "3.x.1", "1.2.3.4", "-1.2.3"} {
+		if _, err := FloorsFor(bad); err == nil {
+			t.Errorf("FloorsFor(%q) accepted", bad)
+		}
+	}
+}
+
+// TestDeriveForPatroni: a plan for a release that raises low timers never
+// sets them, and the targets it cannot reach are refused with the
+// release's fastest plan.
+func TestDeriveForPatroni(t *testing.T) {
+	p, err := DeriveFor(6500*ms, DefaultPatroni)
+	if err != nil || p.Timers.PatroniVersion != "3.0.2" || p.Timers.PatroniTTL != 5*s {
+		t.Errorf("DeriveFor(6.5s, 3.0.2) = ttl %s version %q, %v; want Derive's plan", p.Timers.PatroniTTL, p.Timers.PatroniVersion, err)
+	}
+	_, err = DeriveFor(6500*ms, "3.2.2")
+	var re *RefusedError
+	if !errors.As(err, &re) || re.Reason != ReasonTooFast || re.Closest.Timers.PatroniTTL != 20*s {
+		t.Fatalf("DeriveFor(6.5s, 3.2.2) = %v, want too-fast with ttl 20s the closest", err)
+	}
+	if !strings.Contains(err.Error(), "Patroni 3.2.2") {
+		t.Errorf("refusal %q does not name the release", err)
+	}
+	// ttl 20 / loop_wait 4: the typical kill is 20 − 2 + 0.25 + 0.745 s.
+	low := LowestFor("3.2.2")
+	if low != 19*s {
+		t.Errorf("LowestFor(3.2.2) = %s, want 19s", low)
+	}
+	for _, target := range []time.Duration{low, 30 * s, time.Minute} {
+		p, err := DeriveFor(target, "3.2.2")
+		if err != nil {
+			t.Fatalf("DeriveFor(%s, 3.2.2): %v", target, err)
+		}
+		x := p.Timers
+		if x.PatroniTTL < 20*s || x.PatroniRetryTimeout < 3*s || x.PatroniVersion != "3.2.2" {
+			t.Errorf("DeriveFor(%s, 3.2.2) = %s/%s/%s %q: below the release's floors", target, x.PatroniTTL, x.PatroniLoopWait, x.PatroniRetryTimeout, x.PatroniVersion)
+		}
+		if err := Check(x); err != nil {
+			t.Errorf("DeriveFor(%s, 3.2.2) breaks a rule: %v", target, err)
+		}
+	}
+	// The arithmetic of hand-set timers speaks of what the release runs.
+	x := Defaults()
+	x.PatroniVersion = "3.2.2"
+	if k, k0 := Arithmetic(x)[0], Arithmetic(Defaults())[0]; k.Typical != k0.Typical+10*s {
+		t.Errorf("kill on Patroni 3.2.2 with ttl 10 set: typical %s, want %s + 10s (it runs ttl 20)", k.Typical, k0.Typical)
+	}
+	if _, err := DeriveFor(30*s, "latest"); err == nil {
+		t.Error("DeriveFor with an unreadable version accepted")
 	}
 }
 

@@ -38,7 +38,8 @@ const (
 	ReasonNone Reason = iota
 	// ReasonNotPositive: the target is zero or negative.
 	ReasonNotPositive
-	// ReasonTooFast: even the fastest safe timers (ttl 5 s) miss it.
+	// ReasonTooFast: even the fastest safe timers (ttl 5 s; 20 s from
+	// Patroni 3.2.0 on) miss it.
 	ReasonTooFast
 	// ReasonTooSlow: above MaxTarget.
 	ReasonTooSlow
@@ -67,8 +68,8 @@ func (e *RefusedError) Error() string {
 		msg := fmt.Sprintf("budget: rto %s cannot be met safely", e.Target)
 		if e.Closest != nil {
 			o := e.Closest.binding()
-			msg += fmt.Sprintf(": the fastest safe timers (Patroni ttl %s, etcd election-timeout %s) give %s typical, %s worst for a %s (want ≤ %s and ≤ %s)",
-				e.Closest.Timers.PatroniTTL, e.Closest.Timers.EtcdElection, o.Typical, o.Worst, o.Fault,
+			msg += fmt.Sprintf(": the fastest safe timers for Patroni %s (ttl %s, etcd election-timeout %s) give %s typical, %s worst for a %s (want ≤ %s and ≤ %s)",
+				e.Closest.Timers.PatroniVersion, e.Closest.Timers.PatroniTTL, e.Closest.Timers.EtcdElection, o.Typical, o.Worst, o.Fault,
 				e.Target, time.Duration(float64(e.Target)*WorstFactor))
 		}
 		return msg
@@ -118,11 +119,19 @@ func (p Plan) binding() Outage {
 // Binding is the fault whose outage decides the plan, and its timer.
 func (p Plan) Binding() Outage { return p.binding() }
 
-// Derive turns a target into every timer, choosing the slowest (most
-// tolerant of jitter and load) timers that still meet it: Patroni's ttl is
-// tried from the target down to 3 s, and every other timer follows from ttl
-// and the target by the rules in Check.
-func Derive(target time.Duration) (Plan, error) {
+// Derive is DeriveFor the DefaultPatroni release.
+func Derive(target time.Duration) (Plan, error) { return DeriveFor(target, DefaultPatroni) }
+
+// DeriveFor turns a target into every timer for the Patroni release
+// patroni, choosing the slowest (most tolerant of jitter and load) timers
+// that still meet it: Patroni's ttl is tried from the target down to the
+// release's floor (FloorsFor), and every other timer follows from ttl and
+// the target by the rules in Check.
+func DeriveFor(target time.Duration, patroni string) (Plan, error) {
+	fl, err := FloorsFor(patroni)
+	if err != nil {
+		return Plan{}, err
+	}
 	switch {
 	case target <= 0:
 		return Plan{}, &RefusedError{Target: target, Reason: ReasonNotPositive}
@@ -130,8 +139,8 @@ func Derive(target time.Duration) (Plan, error) {
 		return Plan{}, &RefusedError{Target: target, Reason: ReasonTooSlow}
 	}
 	var last Plan
-	for ttl := max(target.Truncate(time.Second), minTTL); ttl >= minTTL; ttl -= time.Second {
-		p := Plan{Target: target, Timers: timersFor(target, ttl)}
+	for ttl := max(target.Truncate(time.Second), fl.TTL); ttl >= fl.TTL; ttl -= time.Second {
+		p := Plan{Target: target, Timers: timersFor(target, ttl, fl)}
 		p.Outages = Arithmetic(p.Timers)
 		if p.Meets() {
 			if err := Check(p.Timers); err != nil {
@@ -147,9 +156,19 @@ func Derive(target time.Duration) (Plan, error) {
 }
 
 // Lowest is the smallest target Derive accepts, to 100 ms.
-func Lowest() time.Duration {
-	for d := minTTL; d <= MaxTarget; d += 100 * time.Millisecond {
-		if _, err := Derive(d); err == nil {
+func Lowest() time.Duration { return LowestFor(DefaultPatroni) }
+
+// LowestFor is the smallest target DeriveFor accepts for a Patroni
+// release, to 100 ms (MaxTarget for a version it cannot read).
+func LowestFor(patroni string) time.Duration {
+	fl, err := FloorsFor(patroni)
+	if err != nil {
+		return MaxTarget
+	}
+	// From well below the floor: a slow loop_wait puts the typical kill
+	// under ttl.
+	for d := fl.TTL / 2; d <= MaxTarget; d += 100 * time.Millisecond {
+		if _, err := DeriveFor(d, patroni); err == nil {
 			return d
 		}
 	}
@@ -157,13 +176,14 @@ func Lowest() time.Duration {
 }
 
 // timersFor derives every timer from Patroni's ttl and the target.
-func timersFor(target, ttl time.Duration) Timers {
+func timersFor(target, ttl time.Duration, fl PatroniFloors) Timers {
 	t := Defaults()
+	t.PatroniVersion = fl.Release
 	t.PatroniTTL = ttl
 	// Patroni's own ratio is 30/10/10; hapair's 10/2/3 keeps more room for
 	// retries: loop_wait a fifth of ttl, retry_timeout all that is left.
-	t.PatroniLoopWait = max(time.Second, (ttl / 5).Truncate(time.Second))
-	t.PatroniRetryTimeout = max(minRetry, ((ttl - t.PatroniLoopWait) / 2).Truncate(time.Second))
+	t.PatroniLoopWait = max(fl.LoopWait, (ttl / 5).Truncate(time.Second))
+	t.PatroniRetryTimeout = max(fl.Retry, ((ttl - t.PatroniLoopWait) / 2).Truncate(time.Second))
 	// An etcd election (≤ 2 election timeouts) must end within
 	// retry_timeout, with 200 ms to spare; etcd's 1 s default above that;
 	// and a kill of the node that leads etcd costs 3 election timeouts

@@ -45,6 +45,9 @@ type PatroniFile struct {
 	TTL          int `json:"ttl" yaml:"ttl"`
 	LoopWait     int `json:"loop_wait" yaml:"loop_wait"`
 	RetryTimeout int `json:"retry_timeout" yaml:"retry_timeout"`
+	// Version is the release the plan is for (not a Patroni setting: the
+	// Ansible play reads ttl, loop_wait and retry_timeout one by one).
+	Version string `json:"version,omitempty" yaml:"version,omitempty"`
 }
 
 // RoledFile is roled.yaml's timing (sync.* is its syncdir section).
@@ -97,7 +100,7 @@ func FileOf(target time.Duration, t Timers) File {
 		Target: Duration(target),
 		Etcd:   EtcdFile{Duration(t.EtcdHeartbeat), Duration(t.EtcdElection)},
 		Patroni: PatroniFile{TTL: int(t.PatroniTTL / time.Second), LoopWait: int(t.PatroniLoopWait / time.Second),
-			RetryTimeout: int(t.PatroniRetryTimeout / time.Second)},
+			RetryTimeout: int(t.PatroniRetryTimeout / time.Second), Version: t.PatroniVersion},
 		Roled: RoledFile{
 			LeaseTTL: Duration(t.LeaseTTL), SafetyMargin: Duration(t.SafetyMargin),
 			KeepAliveInterval: Duration(t.KeepAliveInterval), RereadInterval: Duration(t.RereadInterval),
@@ -137,6 +140,7 @@ func (f File) Timers(from string) (Timers, error) {
 		PatroniTTL:          time.Duration(f.Patroni.TTL) * time.Second,
 		PatroniLoopWait:     time.Duration(f.Patroni.LoopWait) * time.Second,
 		PatroniRetryTimeout: time.Duration(f.Patroni.RetryTimeout) * time.Second,
+		PatroniVersion:      f.Patroni.Version,
 		LeaseTTL:            time.Duration(f.Roled.LeaseTTL), SafetyMargin: time.Duration(f.Roled.SafetyMargin),
 		KeepAliveInterval: time.Duration(f.Roled.KeepAliveInterval), RereadInterval: time.Duration(f.Roled.RereadInterval),
 		PollInterval: time.Duration(f.Roled.PollInterval), FastPollInterval: time.Duration(f.Roled.FastPollInterval),
@@ -156,6 +160,11 @@ func (f File) Timers(from string) (Timers, error) {
 			section = "roled"
 		}
 		t.Names[k] = pre + section + "." + k.String()
+	}
+	if t.PatroniVersion != "" {
+		if _, err := FloorsFor(t.PatroniVersion); err != nil {
+			return t, fmt.Errorf("%spatroni.version: %w", pre, err)
+		}
 	}
 	if rt := time.Duration(f.Roled.PatroniTTL); rt != 0 && t.PatroniTTL != 0 && rt != t.PatroniTTL {
 		return t, t.violation(RuleLeaseBelowTTL, PatroniTTL, rt, "roled's patroni.ttl (%s) differs from Patroni's ttl (%s)", rt, t.PatroniTTL).Err

@@ -21,6 +21,11 @@ const (
 	// retry_timeout left: at 1 s a replica never takes over (the lab's kill
 	// at ttl 3 / retry_timeout 1: no leader for a minute).
 	RulePatroniRetry
+	// RulePatroniFloor: the Patroni release runs ttl, loop_wait and
+	// retry_timeout as set (FloorsFor): from 3.2.0 on it raises ttl below
+	// 20 s and retry_timeout below 3 s, and the arithmetic, the hold and
+	// hapairctl status would speak of timers it does not run.
+	RulePatroniFloor
 	// RulePatroniLoop: loop_wait + 2 × retry_timeout ≤ ttl, so a primary
 	// that cannot reach etcd demotes itself before its key can expire.
 	RulePatroniLoop
@@ -69,6 +74,7 @@ const (
 var ruleNames = map[Rule]string{
 	RulePatroniSeconds:  "patroni-whole-seconds",
 	RulePatroniRetry:    "patroni-retry-2s",
+	RulePatroniFloor:    "patroni-release-floor",
 	RulePatroniLoop:     "patroni-loop",
 	RuleLeaseBelowTTL:   "lease-below-ttl",
 	RuleKeepAlive:       "keepalive",
@@ -138,6 +144,7 @@ func Violations(t Timers) []*Violation {
 		add(t.violation(RulePatroniRetry, PatroniRetryTimeout, retry,
 			"must be at least %s: Patroni's etcd3 client will not try for the leader key with less than 1 s of it left after refreshing its lease, so a replica would never take over", minRetry))
 	}
+	out = append(out, t.floorViolations()...)
 	if okTTL && okLoop && okRetry && loop+2*retry > ttl {
 		add(t.violation(RulePatroniLoop, PatroniTTL, ttl,
 			"must be at least %s + 2 × %s (%s): a primary cut off from etcd must demote before its key expires",

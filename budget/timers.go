@@ -91,6 +91,9 @@ type Timers struct {
 	PatroniTTL          time.Duration // ttl: life of the leader key (default 10s in hapair)
 	PatroniLoopWait     time.Duration // loop_wait: HA cycle period (default 2s)
 	PatroniRetryTimeout time.Duration // retry_timeout: DCS and PostgreSQL retries (default 3s)
+	// PatroniVersion is the Patroni release that runs them ("3.0.2"; ""
+	// unknown): from 3.2.0 on Patroni raises low values (FloorsFor).
+	PatroniVersion string
 
 	// hapair-roled.
 	LeaseTTL          time.Duration // lease-ttl: fencing lease (default 5s)
@@ -291,5 +294,8 @@ func (t Timers) Merge(d Timers) Timers {
 	}
 	fill(&out.SyncRetryMin, d.SyncRetryMin)
 	fill(&out.SyncRetryMax, d.SyncRetryMax)
+	if out.PatroniVersion == "" {
+		out.PatroniVersion = d.PatroniVersion
+	}
 	return out
 }
