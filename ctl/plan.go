@@ -107,7 +107,9 @@ func readTimingFile(path string) (budget.Timers, TimingKind, error) {
 		return false
 	}
 	switch {
-	case has("outages") || (has("roled") && has("lb")):
+	// A plan: hapairctl plan --json's (outages), or the Ansible play's
+	// merged timers (target, with only the sections hand-set).
+	case has("outages", "target") || (has("roled") && has("lb")):
 		var f budget.File
 		if err := yaml.Unmarshal(b, &f); err != nil {
 			return budget.Timers{}, "", &config.LoadError{Path: path, Err: err}

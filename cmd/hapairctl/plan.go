@@ -26,8 +26,9 @@ func runPlan(_ context.Context, e *env, args []string) int {
 	rto := fs.Duration("rto", 0, "recovery time objective: the typical outage of an unplanned failover (e.g. 5s)")
 	check := fs.Bool("check", false, "validate the timers of the files given as arguments (roled.yaml, lb.yaml, witness.yaml, Patroni's config.yml or dynamic config, a plan --json file) against the rules, together")
 	asJSON := fs.Bool("json", false, "print the plan as JSON (the form --check and the Ansible play read back)")
+	patroni := fs.String("patroni", "", "the Patroni release that runs the timers, as `patroni --version` says it (default "+budget.DefaultPatroni+"; from 3.2.0 on Patroni raises ttl below 20s and retry_timeout below 3s)")
 	fs.Usage = func() {
-		fmt.Fprintln(e.stderr, "usage: hapairctl plan --rto DURATION [--json]\n       hapairctl plan --check [--rto DURATION] [--json] FILE...")
+		fmt.Fprintln(e.stderr, "usage: hapairctl plan --rto DURATION [--patroni VERSION] [--json]\n       hapairctl plan --check [--rto DURATION] [--patroni VERSION] [--json] FILE...")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -36,14 +37,23 @@ func runPlan(_ context.Context, e *env, args []string) int {
 		}
 		return 2
 	}
+	if *patroni != "" {
+		if _, err := budget.FloorsFor(*patroni); err != nil {
+			e.errorf("plan", "--patroni: %v", err)
+			return 2
+		}
+	}
 	if *check {
-		return planCheck(e, *rto, *asJSON, fs.Args())
+		return planCheck(e, *rto, *patroni, *asJSON, fs.Args())
 	}
 	if *rto == 0 || fs.NArg() > 0 {
 		fs.Usage()
 		return 2
 	}
-	p, err := budget.Derive(*rto)
+	if *patroni == "" {
+		*patroni = budget.DefaultPatroni
+	}
+	p, err := budget.DeriveFor(*rto, *patroni)
 	if err != nil {
 		e.errorf("plan", "%v", err)
 		var re *budget.RefusedError
@@ -56,15 +66,17 @@ func runPlan(_ context.Context, e *env, args []string) int {
 	if *asJSON {
 		return writeJSON(e.stdout, p.File())
 	}
-	fmt.Fprintf(e.stdout, "timing budget for rto %s: typical outage ≤ %s, worst ≤ %s\n\n", p.Target, p.Target,
-		time.Duration(float64(p.Target)*budget.WorstFactor))
+	fmt.Fprintf(e.stdout, "timing budget for rto %s on Patroni %s: typical outage ≤ %s, worst ≤ %s\n\n", p.Target,
+		p.Timers.PatroniVersion, p.Target, time.Duration(float64(p.Target)*budget.WorstFactor))
 	if err := ctl.WritePlan(e.stdout, p.Target, p.Timers); err != nil {
 		return 1
 	}
 	return 0
 }
 
-func planCheck(e *env, rto time.Duration, asJSON bool, files []string) int {
+// planCheck validates files together; patroni (when given) is the release
+// that runs them, over any patroni.version a plan file carries.
+func planCheck(e *env, rto time.Duration, patroni string, asJSON bool, files []string) int {
 	if len(files) == 0 {
 		e.errorf("plan", "--check needs at least one file")
 		return 2
@@ -73,6 +85,9 @@ func planCheck(e *env, rto time.Duration, asJSON bool, files []string) int {
 	if err != nil {
 		e.errorf("plan", "%v", err)
 		return 2
+	}
+	if patroni != "" {
+		t.PatroniVersion = patroni
 	}
 	vs := budget.Violations(t)
 	if asJSON {

@@ -111,3 +111,55 @@ func TestPlanCheckDynamic(t *testing.T) {
 		t.Fatalf("dynamic ttl 10 against the plan's 5: exit %d, stderr %s", code, errs)
 	}
 }
+
+// TestPlanPatroniRelease: Patroni 3.2.0 and later run a ttl below 20 s as
+// 20 s. A plan for such a release never sets one, a target it cannot meet
+// is refused with the release named, and --check refuses timers it would
+// raise, naming the field.
+func TestPlanPatroniRelease(t *testing.T) {
+	code, out, errs := runCtl(t, "plan", "--rto", "6.5s")
+	if code != 0 || !strings.Contains(out, "on Patroni 3.0.2") {
+		t.Fatalf("plan --rto 6.5s does not say it is for Patroni 3.0.2: exit %d\n%s%s", code, out, errs)
+	}
+	code, _, errs = runCtl(t, "plan", "--rto", "6.5s", "--patroni", "patroni 3.2.2")
+	if code != 1 || !strings.Contains(errs, "for Patroni 3.2.2 (ttl 20s") {
+		t.Fatalf("plan --rto 6.5s --patroni 3.2.2: exit %d, stderr %s", code, errs)
+	}
+	code, out, errs = runCtl(t, "plan", "--rto", "30s", "--patroni", "4.0.4", "--json")
+	var f budget.File
+	if err := json.Unmarshal([]byte(out), &f); code != 0 || err != nil || f.Patroni.TTL < 20 || f.Patroni.RetryTimeout < 3 || f.Patroni.Version != "4.0.4" {
+		t.Fatalf("plan --rto 30s --patroni 4.0.4: exit %d, %v, %+v %s", code, err, f.Patroni, errs)
+	}
+	if code, _, errs := runCtl(t, "plan", "--rto", "30s", "--patroni", "latest"); code != 2 || !strings.Contains(errs, "--patroni") {
+		t.Fatalf("an unreadable --patroni: exit %d, stderr %s", code, errs)
+	}
+	// Patroni's dynamic configuration as the Ansible play hands it over.
+	dyn := writeFiles(t, map[string]string{"dynamic.json": `{"ttl": 5, "loop_wait": 1, "retry_timeout": 2}`})
+	if code, out, errs := runCtl(t, "plan", "--check", "--patroni", "3.0.2", dyn[0]); code != 0 {
+		t.Fatalf("5/1/2 on Patroni 3.0.2: exit %d\n%s%s", code, out, errs)
+	}
+	code, _, errs = runCtl(t, "plan", "--check", "--patroni", "3.2.2", dyn[0])
+	if code != 2 || !strings.Contains(errs, "dynamic.json: ttl: Patroni 3.2.2 runs ttl below 20s as 20s") ||
+		!strings.Contains(errs, "retry_timeout: Patroni 3.2.2 runs retry_timeout below 3s as 3s") {
+		t.Fatalf("5/1/2 on Patroni 3.2.2: exit %d, stderr %s", code, errs)
+	}
+	// A plan file carries its release: checked against it without --patroni.
+	_, js, _ := runCtl(t, "plan", "--rto", "30s", "--patroni", "3.2.2", "--json")
+	if code, out, errs := runCtl(t, "plan", "--check", writeFiles(t, map[string]string{"plan.json": js})[0]); code != 0 {
+		t.Fatalf("the 3.2.2 plan read back: exit %d\n%s%s", code, out, errs)
+	}
+}
+
+// TestPlanCheckPartial: the Ansible play's merged timers when only some
+// sections are hand-set (no hapair_rto): a plan with a target and the
+// sections given.
+func TestPlanCheckPartial(t *testing.T) {
+	p := writeFiles(t, map[string]string{"merged.json": `{"target": "0s", "patroni": {"ttl": 5, "loop_wait": 1, "retry_timeout": 2}}`})
+	if code, out, errs := runCtl(t, "plan", "--check", p[0]); code != 0 {
+		t.Fatalf("patroni section alone: exit %d\n%s%s", code, out, errs)
+	}
+	p = writeFiles(t, map[string]string{"merged.json": `{"target": "0s", "patroni": {"ttl": 5, "loop_wait": 2, "retry_timeout": 2}}`})
+	if code, _, errs := runCtl(t, "plan", "--check", p[0]); code != 2 || !strings.Contains(errs, "merged.json: patroni.ttl") {
+		t.Fatalf("loop_wait + 2 × retry_timeout above ttl: exit %d, stderr %s", code, errs)
+	}
+}
