@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/hapair/hapair/budget"
 	"github.com/hapair/hapair/internal/config"
 	"github.com/hapair/hapair/vip"
 )
@@ -78,6 +79,7 @@ type Daemon struct {
 	takeoverCache map[takeoverKey]*TakeoverAlarm
 	tracking      bool          // this node's last-active record exists (etcd goroutine)
 	ttlChecked    time.Duration // Patroni ttl found at start
+	patroniSeen   string        // the Patroni release last noted (pollLoop only)
 
 	wake, pollNow, readNow, beatNow chan struct{}
 }
@@ -343,6 +345,34 @@ func (d *Daemon) patroniTTL(ctx context.Context) (time.Duration, string) {
 		}
 	}
 	return d.cfg.Patroni.TTL, "patroni.ttl"
+}
+
+// notePatroniRelease compares the ttl found at start with the one the
+// local Patroni release runs (budget.FloorsFor): from 3.2.0 on Patroni runs
+// a ttl below 20 s as 20 s, and its /config shows the lower value when it
+// was set after the bootstrap (PATCH /config, patronictl edit-config), so
+// every failover then waits 20 s whatever the timing budget says. Once
+// per release seen: an error in the log and hapair_roled_patroni_ttl_seconds.
+// Safety does not change (a longer ttl only keeps roled's lease further
+// below it); the operator's figures do.
+func (d *Daemon) notePatroniRelease(version string) {
+	if version == "" || version == d.patroniSeen {
+		return
+	}
+	d.patroniSeen = version
+	f, err := budget.FloorsFor(version)
+	if err != nil {
+		d.lg.Warn("cannot read Patroni's version", zap.String("version", version), zap.Error(err))
+		return
+	}
+	runs := budget.Timers{PatroniTTL: d.ttlChecked, PatroniVersion: f.Release}.Running().PatroniTTL
+	d.m.patroniTTLRun.Set(runs.Seconds())
+	if runs != d.ttlChecked {
+		d.lg.Error("Patroni runs a longer ttl than its configuration says: failovers wait for the longer one",
+			zap.String("patroni_version", f.Release), zap.Duration("configured_ttl", d.ttlChecked),
+			zap.Duration("running_ttl", runs),
+			zap.String("fix", "hapairctl plan --patroni "+f.Release+" --rto <target> derives timers this release keeps (ttl ≥ "+f.TTL.String()+")"))
+	}
 }
 
 // revoke ends the lease at exit, so the heartbeat key goes at once.

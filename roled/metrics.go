@@ -34,6 +34,7 @@ type Metrics struct {
 	canaryFailures       prometheus.Counter
 	fenceErrors          *prometheus.CounterVec
 	fenceSetSeconds      prometheus.Gauge
+	patroniTTLRun        prometheus.Gauge
 }
 
 func name(n string) string { return prometheus.BuildFQName(ns, sub, n) }
@@ -82,7 +83,9 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		Help: "Failed attempts to set or lift the database fence, by op (set, lift)."}, []string{"op"})
 	m.fenceSetSeconds = prometheus.NewGauge(prometheus.GaugeOpts{Name: name("db_fence_set_after_seconds"),
 		Help: "Seconds from leaving ACTIVE to the database fence in place, last time it was set."})
-	reg.MustRegister(m.canaryLatency, m.canaryFailures, m.fenceErrors, m.fenceSetSeconds)
+	m.patroniTTLRun = prometheus.NewGauge(prometheus.GaugeOpts{Name: name("patroni_ttl_seconds"),
+		Help: "Patroni's ttl as its release runs it: its /config ttl, raised to 20 s by Patroni 3.2.0 and later when lower (0: release not seen yet)."})
+	reg.MustRegister(m.canaryLatency, m.canaryFailures, m.fenceErrors, m.fenceSetSeconds, m.patroniTTLRun)
 	for _, op := range []string{"set", "lift"} {
 		m.fenceErrors.WithLabelValues(op)
 	}

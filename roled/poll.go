@@ -51,6 +51,9 @@ func (d *Daemon) pollOnce(ctx context.Context) {
 	}
 	lv.status = st
 	lv.patroni = PatroniView{Code: code, Role: st.Role, State: st.State}
+	if err == nil {
+		d.notePatroniRelease(st.Patroni.Version)
+	}
 	if err != nil {
 		lv.patroni.Err = err.Error()
 		lv.patroni.Garbage = errors.Is(err, errGarbage)
