@@ -359,6 +359,7 @@ func TestConverge(t *testing.T) {
 	t.Run("broken-peer-url", c.brokenPeerURL)
 	t.Run("rto-6.5s", c.rtoBudget)
 	t.Run("rto-hand-set-refused", c.rtoRefused)
+	t.Run("rto-patroni-release", c.rtoPatroniRelease)
 }
 
 // rtoBudget applies site.yml with hapair_rto=6.5s: the rendered timers are
@@ -423,6 +424,39 @@ func (c *converge) rtoRefused(t *testing.T) {
 		t.Errorf("A: roled.yaml changed by the refused run")
 	}
 	t.Logf("refused as expected: %s", grepLine(out, "lease-ttl"))
+}
+
+// rtoPatroniRelease: Patroni 3.2.0 and later run a ttl below 20 s as 20 s
+// (and retry_timeout below 3 s as 3 s). A target the release cannot meet
+// is refused where it is derived, with the release named; hand-set timers
+// it would raise stop the Patroni play at the release check, naming the
+// field, before Patroni's config is written.
+func (c *converge) rtoPatroniRelease(t *testing.T) {
+	if _, err := os.Stat(filepath.Join(c.tmp, "hapairctl")); err != nil {
+		t.Skip("hapairctl did not build: nothing checks the budget")
+	}
+	cfg := c.path("B", "etc/patroni/config.yml")
+	before := fileSum(t, cfg)
+	out, err := c.play("patroni.yml", "-e", "hapair_rto=6.5s", "-e", "hapair_patroni_version=3.2.2")
+	if err == nil {
+		t.Fatalf("patroni.yml with rto 6.5s on Patroni 3.2.2 succeeded:\n%s", out)
+	}
+	if !strings.Contains(out, "Derive every timer from the RTO target") || !strings.Contains(out, "for Patroni 3.2.2 (ttl 20s") {
+		t.Fatalf("the play did not refuse the target for Patroni 3.2.2 where it is derived:\n%s", out)
+	}
+	t.Logf("refused as expected: %s", grepLine(out, "cannot be met"))
+	out, err = c.play("patroni.yml", "-e", "hapair_patroni_version=3.2.2",
+		"-e", `{"hapair_timings": {"patroni": {"ttl": 5, "loop_wait": 1, "retry_timeout": 2}}}`)
+	if err == nil {
+		t.Fatalf("patroni.yml with ttl 5 on Patroni 3.2.2 succeeded:\n%s", out)
+	}
+	if !strings.Contains(out, "against the release that runs them") || !strings.Contains(out, "stdin: ttl: Patroni 3.2.2 runs ttl below 20s as 20s") {
+		t.Fatalf("the play did not stop at the release check naming ttl:\n%s", out)
+	}
+	if fileSum(t, cfg) != before {
+		t.Errorf("B: Patroni's config.yml changed by the refused runs")
+	}
+	t.Logf("refused as expected: %s", grepLine(out, "runs ttl below"))
 }
 
 // checkDiff changes one variable and runs lb.yml with --check --diff: the
