@@ -25,20 +25,32 @@ func (l *Lab) timers() budget.Timers {
 		return labTimers()
 	}
 	d, _ := time.ParseDuration(l.Opt.RTO)
-	p, err := budget.Derive(d)
+	p, err := budget.DeriveFor(d, l.release())
 	if err != nil {
 		return labTimers()
 	}
 	return p.Timers
 }
 
-// checkRTO validates Options.RTO and returns the hold the budget asks for.
-func checkRTO(rto string) (hold string, err error) {
+// release is the Patroni release the lab runs, as far as it asked.
+func (l *Lab) release() string {
+	if l.Opt.PatroniRelease != "" {
+		return l.Opt.PatroniRelease
+	}
+	return budget.DefaultPatroni
+}
+
+// checkRTO validates Options.RTO for a Patroni release ("" the default)
+// and returns the hold the budget asks for.
+func checkRTO(rto, release string) (hold string, err error) {
 	d, err := time.ParseDuration(rto)
 	if err != nil {
 		return "", fmt.Errorf("rto %q: %w", rto, err)
 	}
-	p, err := budget.Derive(d)
+	if release == "" {
+		release = budget.DefaultPatroni
+	}
+	p, err := budget.DeriveFor(d, release)
 	if err != nil {
 		return "", err
 	}
@@ -92,7 +104,7 @@ func killAtRTO(ctx context.Context, l *Lab, r *Result, hostDeath bool) {
 			r.fail("lab rto %q: %v", l.Opt.RTO, err)
 			return
 		}
-		p, err := budget.Derive(target)
+		p, err := budget.DeriveFor(target, l.release())
 		if err != nil {
 			r.fail("lab rto %s: %v", target, err)
 			return
@@ -113,8 +125,13 @@ func killAtRTO(ctx context.Context, l *Lab, r *Result, hostDeath bool) {
 	if target == 0 {
 		target = arith.Typical
 	}
-	r.note("timers (%s): Patroni ttl %s loop_wait %s retry_timeout %s, etcd election %s, lease %s, checks %s×%d, hold %s; %s arithmetic typical %s, worst %s",
-		label, t.PatroniTTL, t.PatroniLoopWait, t.PatroniRetryTimeout, t.EtcdElection,
+	// What the release runs: a ttl set after the bootstrap shows in /config
+	// as set, raised or not (checkPatroniTTL cannot see it).
+	rt := t
+	rt.PatroniVersion = l.release()
+	runs := rt.Running().PatroniTTL
+	r.note("timers (%s): Patroni %s ttl %s (runs %s) loop_wait %s retry_timeout %s, etcd election %s, lease %s, checks %s×%d, hold %s; %s arithmetic typical %s, worst %s",
+		label, l.release(), t.PatroniTTL, runs, t.PatroniLoopWait, t.PatroniRetryTimeout, t.EtcdElection,
 		t.LeaseTTL, t.CheckInterval, t.CheckFall, t.HoldTimeout, fault, arith.Typical, arith.Worst)
 	if err := l.checkPatroniTTL(t); err != nil {
 		r.fail("%v", err)

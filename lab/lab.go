@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hapair/hapair/budget"
 	"github.com/hapair/hapair/roled"
 )
 
@@ -38,9 +39,14 @@ type Options struct {
 	Hold    string `json:"hold"`     // lb hold timeout ("5s"; "0s" disables; default 5s, or the budget's with RTO)
 	// RTO is a timing budget's target ("5s", package budget): every timer
 	// of the lab is derived from it. Empty: the lab's fixed timers.
-	RTO     string `json:"rto,omitempty"`
-	SelfExe string `json:"self_exe"` // the hapair-lab binary (app and fallback etcd)
-	Repeat  int    `json:"repeat"`   // switchover/drill rounds per scenario (medians), default 1
+	RTO string `json:"rto,omitempty"`
+	// Patroni is the Patroni executable (default /usr/bin/patroni, Debian's);
+	// PatroniRelease is what its --version said, the release a budget is
+	// derived for (budget.DeriveFor; "" when not asked: budget.DefaultPatroni).
+	Patroni        string `json:"patroni,omitempty"`
+	PatroniRelease string `json:"patroni_release,omitempty"`
+	SelfExe        string `json:"self_exe"` // the hapair-lab binary (app and fallback etcd)
+	Repeat         int    `json:"repeat"`   // switchover/drill rounds per scenario (medians), default 1
 	// VIP gives roled a vip section (VIPAddr on eth0): the service address
 	// follows ACTIVE (issue 20; scenarios 10, 11, 17, 18). It also runs the
 	// balancer pair: hapair-lb on lb and lb2, LBVIPAddr held by the one
@@ -106,8 +112,17 @@ func NewLab(opt Options, out io.Writer) (*Lab, error) {
 		return nil, err
 	}
 	opt.Durability = string(dur)
+	if opt.Patroni == "" {
+		opt.Patroni = DefaultPatroni
+	}
+	if opt.RTO != "" || opt.Patroni != DefaultPatroni {
+		// The release decides the least ttl it runs (budget.FloorsFor).
+		if opt.PatroniRelease, err = patroniRelease(opt.Patroni); err != nil {
+			return nil, err
+		}
+	}
 	if opt.RTO != "" {
-		hold, err := checkRTO(opt.RTO)
+		hold, err := checkRTO(opt.RTO, opt.PatroniRelease)
 		if err != nil {
 			return nil, err
 		}
@@ -189,7 +204,7 @@ func (l *Lab) path(parts ...string) string {
 // Create makes the namespaces and the state directory. On error everything
 // made so far is removed.
 func (l *Lab) Create() (err error) {
-	if err := checkTools(); err != nil {
+	if err := checkTools(l.Opt.Patroni); err != nil {
 		return err
 	}
 	if l.Net.Exists(bridge) {
@@ -331,11 +346,30 @@ func DestroyAll(root string, force bool, out io.Writer) error {
 	return errors.Join(errs...)
 }
 
-func checkTools() error {
+// DefaultPatroni is Debian's Patroni executable.
+const DefaultPatroni = "/usr/bin/patroni"
+
+// patroniRelease asks a Patroni executable its version ("patroni 3.0.2").
+func patroniRelease(bin string) (string, error) {
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	f, err := budget.FloorsFor(string(out))
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	return f.Release, nil
+}
+
+func checkTools(patroni string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("the lab needs root (network namespaces)")
 	}
-	for _, p := range []string{"/usr/bin/patroni", "/usr/lib/postgresql/15/bin/postgres", "/usr/sbin/iptables"} {
+	if patroni == "" {
+		patroni = DefaultPatroni
+	}
+	for _, p := range []string{patroni, "/usr/lib/postgresql/15/bin/postgres", "/usr/sbin/iptables"} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%s missing (apt-get install patroni postgresql-15 iptables): %w", p, err)
 		}

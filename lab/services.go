@@ -75,6 +75,14 @@ func (l *Lab) startEtcd(host string) error {
 	return err
 }
 
+// patroniBin is Options.Patroni, or Debian's for a lab made before it.
+func (l *Lab) patroniBin() string {
+	if l.Opt.Patroni != "" {
+		return l.Opt.Patroni
+	}
+	return DefaultPatroni
+}
+
 // startPatroni runs Patroni as postgres, with LAB.md §8's environment.
 func (l *Lab) startPatroni(host string) error {
 	cfgPath := l.path(host, "patroni.yml")
@@ -84,7 +92,7 @@ func (l *Lab) startPatroni(host string) error {
 	}
 	env := append(baseEnv(), "HOME=/var/lib/postgresql", "USER=postgres", "LOGNAME=postgres")
 	_, err := l.Spawn(host, ProcPatroni, env, "setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups",
-		"/usr/bin/patroni", cfgPath)
+		l.patroniBin(), cfgPath)
 	return err
 }
 

@@ -51,8 +51,8 @@ func usage() {
 }
 
 type common struct {
-	root, tag, binDir, dcs, hold, rto, durability string
-	build                                         bool
+	root, tag, binDir, dcs, hold, rto, durability, patroni string
+	build                                                  bool
 }
 
 func flags(name string, c *common) *flag.FlagSet {
@@ -63,6 +63,7 @@ func flags(name string, c *common) *flag.FlagSet {
 	fs.StringVar(&c.dcs, "dcs", lab.DCSRemote, "Patroni etcd hosts: remote (DESIGN.md §3) or all (Patroni default)")
 	fs.StringVar(&c.hold, "hold", "", "lb hold timeout (default 5s, or the budget's with --rto; 0s disables)")
 	fs.StringVar(&c.rto, "rto", "", "timing budget: derive every timer from this target (e.g. 5s; see hapairctl plan)")
+	fs.StringVar(&c.patroni, "patroni-bin", "", "Patroni executable (default "+lab.DefaultPatroni+"); its --version decides the least ttl a budget may set")
 	fs.StringVar(&c.durability, "durability", "async", "replication: async, sync (Patroni synchronous_mode) or sync-strict (synchronous_mode_strict); roled's durability")
 	fs.BoolVar(&c.build, "build", true, "build the project's binaries first (when --bin-dir is not given)")
 	return fs
@@ -156,7 +157,7 @@ func runLab(ctx context.Context, cmd string, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
-	opt := lab.Options{Root: c.root, Tag: c.tag, BinDir: c.binDir, DCSMode: c.dcs, Hold: c.hold, RTO: c.rto, Repeat: *repeat,
+	opt := lab.Options{Root: c.root, Tag: c.tag, BinDir: c.binDir, DCSMode: c.dcs, Hold: c.hold, RTO: c.rto, Patroni: c.patroni, Repeat: *repeat,
 		Owned: cmd != "up", VIP: *vip, VIPPeer: *vipPeer, Durability: c.durability}
 	if opt.BinDir == "" {
 		opt.BinDir = filepath.Join(c.root, "bin")
