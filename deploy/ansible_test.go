@@ -413,17 +413,28 @@ func (c *converge) rtoRefused(t *testing.T) {
 	}
 	cfg := c.path("A", "etc/hapair/roled.yaml")
 	before := fileSum(t, cfg)
-	out, err := c.play("roled.yml", "-e", "hapair_rto=6.5s", "-e", `{"hapair_timings": {"roled": {"lease-ttl": "9s"}}}`)
-	if err == nil {
-		t.Fatalf("roled.yml with a 9 s lease under a 6.5 s budget succeeded:\n%s", out)
-	}
-	if !strings.Contains(out, "Check the timers against the budget") || !strings.Contains(out, "roled.lease-ttl") {
-		t.Fatalf("the play did not stop at the budget check naming roled.lease-ttl:\n%s", out)
-	}
+	out := c.playRefused(t, []string{"Check the timers against the budget", "roled.lease-ttl"},
+		"roled.yml", "-e", "hapair_rto=6.5s", "-e", `{"hapair_timings": {"roled": {"lease-ttl": "9s"}}}`)
 	if fileSum(t, cfg) != before {
 		t.Errorf("A: roled.yaml changed by the refused run")
 	}
 	t.Logf("refused as expected: %s", grepLine(out, "lease-ttl"))
+}
+
+// playRefused runs a play that must stop; its output must hold every
+// string of want (the task that stopped it, the field it named).
+func (c *converge) playRefused(t *testing.T, want []string, args ...string) string {
+	t.Helper()
+	out, err := c.play(args...)
+	if err == nil {
+		t.Fatalf("%v succeeded:\n%s", args, out)
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Fatalf("%v did not stop with %q:\n%s", args, w, out)
+		}
+	}
+	return out
 }
 
 // rtoPatroniRelease: Patroni 3.2.0 and later run a ttl below 20 s as 20 s
@@ -437,22 +448,12 @@ func (c *converge) rtoPatroniRelease(t *testing.T) {
 	}
 	cfg := c.path("B", "etc/patroni/config.yml")
 	before := fileSum(t, cfg)
-	out, err := c.play("patroni.yml", "-e", "hapair_rto=6.5s", "-e", "hapair_patroni_version=3.2.2")
-	if err == nil {
-		t.Fatalf("patroni.yml with rto 6.5s on Patroni 3.2.2 succeeded:\n%s", out)
-	}
-	if !strings.Contains(out, "Derive every timer from the RTO target") || !strings.Contains(out, "for Patroni 3.2.2 (ttl 20s") {
-		t.Fatalf("the play did not refuse the target for Patroni 3.2.2 where it is derived:\n%s", out)
-	}
+	out := c.playRefused(t, []string{"Derive every timer from the RTO target", "for Patroni 3.2.2 (ttl 20s"},
+		"patroni.yml", "-e", "hapair_rto=6.5s", "-e", "hapair_patroni_version=3.2.2")
 	t.Logf("refused as expected: %s", grepLine(out, "cannot be met"))
-	out, err = c.play("patroni.yml", "-e", "hapair_patroni_version=3.2.2",
+	out = c.playRefused(t, []string{"against the release that runs them", "stdin: ttl: Patroni 3.2.2 runs ttl below 20s as 20s"},
+		"patroni.yml", "-e", "hapair_patroni_version=3.2.2",
 		"-e", `{"hapair_timings": {"patroni": {"ttl": 5, "loop_wait": 1, "retry_timeout": 2}}}`)
-	if err == nil {
-		t.Fatalf("patroni.yml with ttl 5 on Patroni 3.2.2 succeeded:\n%s", out)
-	}
-	if !strings.Contains(out, "against the release that runs them") || !strings.Contains(out, "stdin: ttl: Patroni 3.2.2 runs ttl below 20s as 20s") {
-		t.Fatalf("the play did not stop at the release check naming ttl:\n%s", out)
-	}
 	if fileSum(t, cfg) != before {
 		t.Errorf("B: Patroni's config.yml changed by the refused runs")
 	}
