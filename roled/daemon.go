@@ -352,7 +352,8 @@ func (d *Daemon) patroniTTL(ctx context.Context) (time.Duration, string) {
 // a ttl below 20 s as 20 s, and its /config shows the lower value when it
 // was set after the bootstrap (PATCH /config, patronictl edit-config), so
 // every failover then waits 20 s whatever the timing budget says. Once
-// per release seen: an error in the log and hapair_roled_patroni_ttl_seconds.
+// per release seen: an error in the log and hapair_roled_patroni_ttl_seconds
+// (alert HapairPatroniTTLRaised).
 // Safety does not change (a longer ttl only keeps roled's lease further
 // below it); the operator's figures do.
 func (d *Daemon) notePatroniRelease(version string) {
@@ -366,7 +367,8 @@ func (d *Daemon) notePatroniRelease(version string) {
 		return
 	}
 	runs := budget.Timers{PatroniTTL: d.ttlChecked, PatroniVersion: f.Release}.Running().PatroniTTL
-	d.m.patroniTTLRun.Set(runs.Seconds())
+	d.m.patroniTTL.WithLabelValues("config").Set(d.ttlChecked.Seconds())
+	d.m.patroniTTL.WithLabelValues("release").Set(runs.Seconds())
 	if runs != d.ttlChecked {
 		d.lg.Error("Patroni runs a longer ttl than its configuration says: failovers wait for the longer one",
 			zap.String("patroni_version", f.Release), zap.Duration("configured_ttl", d.ttlChecked),

@@ -34,7 +34,7 @@ type Metrics struct {
 	canaryFailures       prometheus.Counter
 	fenceErrors          *prometheus.CounterVec
 	fenceSetSeconds      prometheus.Gauge
-	patroniTTLRun        prometheus.Gauge
+	patroniTTL           *prometheus.GaugeVec
 }
 
 func name(n string) string { return prometheus.BuildFQName(ns, sub, n) }
@@ -83,9 +83,10 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 		Help: "Failed attempts to set or lift the database fence, by op (set, lift)."}, []string{"op"})
 	m.fenceSetSeconds = prometheus.NewGauge(prometheus.GaugeOpts{Name: name("db_fence_set_after_seconds"),
 		Help: "Seconds from leaving ACTIVE to the database fence in place, last time it was set."})
-	m.patroniTTLRun = prometheus.NewGauge(prometheus.GaugeOpts{Name: name("patroni_ttl_seconds"),
-		Help: "Patroni's ttl as its release runs it: its /config ttl, raised to 20 s by Patroni 3.2.0 and later when lower (0: release not seen yet)."})
-	reg.MustRegister(m.canaryLatency, m.canaryFailures, m.fenceErrors, m.fenceSetSeconds, m.patroniTTLRun)
+	m.patroniTTL = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name("patroni_ttl_seconds"),
+		Help: "Patroni's ttl: as its configuration said at roled's start (source=config), and as the local Patroni release runs it (source=release: 3.2.0 and later raise a ttl below 20 s to 20 s; 0 until the release is seen)."},
+		[]string{"source"})
+	reg.MustRegister(m.canaryLatency, m.canaryFailures, m.fenceErrors, m.fenceSetSeconds, m.patroniTTL)
 	for _, op := range []string{"set", "lift"} {
 		m.fenceErrors.WithLabelValues(op)
 	}

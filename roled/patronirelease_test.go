@@ -35,8 +35,11 @@ func TestNotePatroniRelease(t *testing.T) {
 			for _, v := range tc.versions {
 				d.notePatroniRelease(v)
 			}
-			if got := testutil.ToFloat64(d.m.patroniTTLRun); got != tc.runs {
-				t.Errorf("hapair_roled_patroni_ttl_seconds = %v, want %v", got, tc.runs)
+			if got := testutil.ToFloat64(d.m.patroniTTL.WithLabelValues("release")); got != tc.runs {
+				t.Errorf("hapair_roled_patroni_ttl_seconds{source=release} = %v, want %v", got, tc.runs)
+			}
+			if got, want := testutil.ToFloat64(d.m.patroniTTL.WithLabelValues("config")), tc.ttl.Seconds(); tc.runs != 0 && got != want {
+				t.Errorf("hapair_roled_patroni_ttl_seconds{source=config} = %v, want %v", got, want)
 			}
 			if n := logs.FilterLevelExact(zapcore.ErrorLevel).Len(); n != tc.errors {
 				t.Errorf("%d errors logged, want %d: %v", n, tc.errors, logs.All())
