@@ -357,6 +357,7 @@ func TestConverge(t *testing.T) {
 	t.Run("check-config", c.checkConfigs)
 	t.Run("systemd-analyze", c.verifyUnits)
 	t.Run("broken-peer-url", c.brokenPeerURL)
+	t.Run("patroni-3.2-defaults", c.patroniReleaseDefaults) // before rto-6.5s, which rewrites every file
 	t.Run("rto-6.5s", c.rtoBudget)
 	t.Run("rto-hand-set-refused", c.rtoRefused)
 	t.Run("rto-patroni-release", c.rtoPatroniRelease)
@@ -419,6 +420,25 @@ func (c *converge) rtoRefused(t *testing.T) {
 		t.Errorf("A: roled.yaml changed by the refused run")
 	}
 	t.Logf("refused as expected: %s", grepLine(out, "lease-ttl"))
+}
+
+// patroniReleaseDefaults: without a budget, Patroni 3.2.0 and later get
+// ttl 20 (they would run a lower one as 20 while /config showed it as set),
+// the same loop_wait and retry_timeout, and no stop at the release check.
+func (c *converge) patroniReleaseDefaults(t *testing.T) {
+	dcs := func() map[string]any {
+		pc := readYAML(t, c.path("B", "etc/patroni/config.yml"))
+		return pc["bootstrap"].(map[string]any)["dcs"].(map[string]any)
+	}
+	if d := dcs(); d["ttl"] != 10 || d["loop_wait"] != 2 || d["retry_timeout"] != 3 {
+		t.Fatalf("B on Patroni 3.0.2: dcs timings %v/%v/%v, want 10/2/3", d["ttl"], d["loop_wait"], d["retry_timeout"])
+	}
+	if out, err := c.play("patroni.yml", "-e", "hapair_patroni_version=3.2.2"); err != nil {
+		t.Fatalf("patroni.yml on Patroni 3.2.2 with hapair's defaults: %v\n%s", err, out)
+	}
+	if d := dcs(); d["ttl"] != 20 || d["loop_wait"] != 2 || d["retry_timeout"] != 3 {
+		t.Errorf("B on Patroni 3.2.2: dcs timings %v/%v/%v, want 20/2/3", d["ttl"], d["loop_wait"], d["retry_timeout"])
+	}
 }
 
 // playRefused runs a play that must stop; its output must hold every
