@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -90,6 +91,9 @@ type pauseResult struct {
 	rounds, doubles  int           // ARP rounds (10 ms) and those answered by two MACs
 	overlapReadings  int           // address polls with the VIP on both hosts
 	stoppedStillHeld bool          // the VIP was still on the stopped holder when the other took it
+	// overlapAfterCont: the first overlap came after SIGCONT (zero
+	// overlaps: false).
+	overlapAfterCont bool
 }
 
 // The peer, in the same run: the pause scenario (the holder's
@@ -106,6 +110,7 @@ func TestVIPPauseBesideKeepalived(t *testing.T) {
 	}
 	const pause = 5 * time.Second
 	var results []pauseResult
+	var lbHolderLog string
 
 	// hapair-lb pair.
 	{
@@ -124,6 +129,7 @@ func TestVIPPauseBesideKeepalived(t *testing.T) {
 		r := runPause(t, "hapair-lb", pairVIP, client, holder.host, other.host, pause,
 			func(sig syscall.Signal) { holder.signal(t, sig) })
 		results = append(results, r)
+		lbHolderLog = holder.logs.String()
 	}
 	// keepalived pair.
 	{
@@ -151,8 +157,20 @@ func TestVIPPauseBesideKeepalived(t *testing.T) {
 	for _, r := range results {
 		t.Logf("%-11s %10s %8d %8d %10d %v", r.tool, r.move.Round(time.Millisecond), r.rounds, r.doubles, r.overlapReadings, r.stoppedStillHeld)
 	}
-	if r := results[0]; r.doubles != 0 || r.overlapReadings != 0 || r.stoppedStillHeld {
-		t.Fatalf("hapair-lb: the VIP on two hosts during the pause: %+v", r)
+	// The documented exception (README, "A pause inside a call"), as in
+	// roled's pause test: the stop landed between the holder's clock
+	// reading and its netlink call, so on SIGCONT the kernel took the stale
+	// add and put the address back, silenced by the nftables tables beside
+	// the lifetime, until the guard saw the late call and removed it. Then
+	// the holder's log says so, the overlap comes after SIGCONT, and no ARP
+	// round is answered by both.
+	r := results[0]
+	lateCall := strings.Contains(lbHolderLog, "VIP call took too long")
+	if r.overlapReadings != 0 && r.doubles == 0 && !r.stoppedStillHeld && lateCall && r.overlapAfterCont {
+		t.Logf("hapair-lb: %d presence overlaps after SIGCONT: the stop landed inside an add (a late call), the address was silenced; the holder's log:\n%s",
+			r.overlapReadings, lbHolderLog)
+	} else if r.doubles != 0 || r.overlapReadings != 0 || r.stoppedStillHeld {
+		t.Fatalf("hapair-lb: the VIP on two hosts during the pause: %+v; the holder's log:\n%s", r, lbHolderLog)
 	}
 }
 
@@ -169,10 +187,12 @@ func runPause(t *testing.T, tool string, ip netip.Addr, client, holder, other *n
 	r.move = time.Since(stopped)
 	r.stoppedStillHeld, _ = holder.Has(ip)
 	time.Sleep(time.Until(stopped.Add(pause))) // the pause itself (scenario)
+	continued := time.Now()
 	signal(syscall.SIGCONT)
 	time.Sleep(3 * time.Second) // after the resume: the old holder's behaviour (scenario)
 	arp.Stop()
 	_, r.overlapReadings, _ = pres.Stop()
+	r.overlapAfterCont = r.overlapReadings != 0 && pres.FirstOverlap().After(continued)
 	rounds, _, doubles, byMAC := arp.Snapshot()
 	r.rounds, r.doubles = rounds, doubles
 	t.Logf("%s: ARP answers by MAC %v", tool, byMAC)
