@@ -9,6 +9,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 var (
@@ -143,7 +144,11 @@ func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
 	wasReady, _ := d.readiness()
 	readyAt := time.Now().UTC()
 	d.holding.Store(true)
+	// Each step's time goes in the "role changed" line: the failover's
+	// share that is roled's, step by step (package budget counts it).
+	took := stepTimes{last: time.Now()}
 	epoch, err := d.acquire(ctx, o)
+	took.lap("acquire")
 	if err != nil {
 		d.holding.Store(false)
 		reason := ReasonAcquireFailed
@@ -166,11 +171,13 @@ func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
 			d.failActive(workCtx, epoch, ReasonFenceLift)
 			return
 		}
+		took.lap("fence_lift")
 	}
 	if !d.runHook(ctx, "on_active", d.cfg.Hooks.OnActive, RoleActive, epoch, ReasonPrimary) {
 		d.failActive(workCtx, epoch, ReasonHookFailed)
 		return
 	}
+	took.lap("on_active")
 	// The hook may have taken a while: decide again on fresh observations.
 	o2 := d.observe()
 	if next, reason := decide(RoleActive, o2, d.now()); next != RoleActive {
@@ -187,6 +194,7 @@ func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
 		d.failActive(workCtx, epoch, ReasonAcquireFailed)
 		return
 	}
+	took.lap("marker")
 	if !d.beforeDeadline(o.LeaseID) {
 		d.failActive(workCtx, epoch, ReasonDeadline)
 		return
@@ -195,7 +203,7 @@ func (d *Daemon) becomeActive(ctx, workCtx context.Context, o Observation) {
 	d.ls.role, d.ls.lastReason, d.ls.backoff, d.ls.retryReason = RoleActive, ReasonPrimary, 0, ""
 	d.m.transitions.WithLabelValues("active", string(ReasonPrimary)).Inc()
 	d.lg.Info("role changed", zap.String("from", "passive"), zap.String("to", "active"),
-		zap.String("reason", string(ReasonPrimary)), zap.Int64("epoch", epoch))
+		zap.String("reason", string(ReasonPrimary)), zap.Int64("epoch", epoch), zap.Object("took", &took))
 	d.vipSync() // serve 200 → add VIP + announce → start sender
 	if d.sync.SetActive != nil {
 		d.sync.SetActive(epoch)
@@ -370,4 +378,26 @@ func (d *Daemon) nextWake() time.Duration {
 		w = min(w, d.ls.retryAt)
 	}
 	return max(w-now, time.Millisecond)
+}
+
+// stepTimes are the durations of becomeActive's steps, in order.
+type stepTimes struct {
+	last  time.Time
+	steps []string
+	durs  []time.Duration
+}
+
+// lap ends step name, begun at the previous lap (or at last's first value).
+func (s *stepTimes) lap(name string) {
+	now := time.Now()
+	s.steps, s.durs = append(s.steps, name), append(s.durs, now.Sub(s.last))
+	s.last = now
+}
+
+// MarshalLogObject logs each step's duration.
+func (s *stepTimes) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	for i, n := range s.steps {
+		enc.AddDuration(n, s.durs[i])
+	}
+	return nil
 }
