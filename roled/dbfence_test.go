@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -257,4 +258,70 @@ func TestDBFenceWantNeverBlocks(t *testing.T) {
 		s := f.Status()
 		return s.State == FencePending && s.Attempts >= 2 && s.Error != ""
 	})
+}
+
+// TestDBFenceLiftIsWarmAndWritesOnlyAFence: the transition to ACTIVE waits
+// for Lift, so Lift opens no connection (the fence goroutine keeps one open
+// while no fence is wanted) and writes nothing when no role is fenced (a
+// kill: the old primary was ACTIVE to the end). Roled's PostgreSQL user here
+// opens read-only sessions, so any write by Lift fails: with no fence Lift
+// succeeds on the connection the goroutine opened; with a fence it tries the
+// write, and says so.
+func TestDBFenceLiftIsWarmAndWritesOnlyAFence(t *testing.T) {
+	skipShort(t)
+	pg := newTestPG(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, pg.SocketDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	for _, q := range []string{"CREATE ROLE app LOGIN", "CREATE ROLE fencer LOGIN CREATEROLE",
+		"ALTER ROLE fencer SET default_transaction_read_only = on"} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	f, err := newDBFence(fmt.Sprintf("host=%s port=%d user=fencer dbname=postgres sslmode=disable", pg.Sock, pg.Port),
+		FenceConfig{Roles: []string{"app"}, RetryInterval: 50 * time.Millisecond}, 5*time.Second,
+		zaptest.NewLogger(t), NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { defer close(done); _ = f.Run(rctx, func() time.Duration { return time.Since(start) }) }()
+	defer func() { stop(); <-done }()
+
+	backends := func() []int {
+		t.Helper()
+		rows, err := admin.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = 'hapair-roled-fence' ORDER BY pid")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pids, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pids
+	}
+	var warm []int
+	waitFor(t, 10*time.Second, "the fence goroutine's connection open before any Lift", func() bool {
+		warm = backends()
+		return len(warm) == 1
+	})
+	if err := f.Lift(ctx); err != nil {
+		t.Fatalf("Lift with no fence in place: %v (it wrote)", err)
+	}
+	if got := backends(); len(got) != 1 || got[0] != warm[0] {
+		t.Fatalf("fence backends after Lift: %v, want the warm one %v", got, warm)
+	}
+	if _, err := admin.Exec(ctx, "ALTER ROLE app SET default_transaction_read_only = on"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Lift(ctx); err == nil || !strings.Contains(err.Error(), "read-only transaction") {
+		t.Fatalf("Lift with app fenced, from a read-only session: %v, want the write's refusal", err)
+	}
 }
