@@ -71,6 +71,17 @@ const (
 	// pg_ctl promote until PostgreSQL takes writes (lab: 0.2–0.8 s).
 	promoteTypical = 500 * time.Millisecond
 	promoteWorst   = time.Second
+	// WalRetrieveRetryInterval is the wal_retrieve_retry_interval hapair
+	// sets (the lab's and the Ansible role's PostgreSQL parameters): a
+	// standby whose primary is gone retries its WAL sources that often. A
+	// promote request that arrives just before that wait is not seen until
+	// it ends (PostgreSQL 15 xlogrecovery.c, WaitForWALToBecomeAvailable:
+	// the wait follows a latch reset that consumed the request's wake-up).
+	// With PostgreSQL's default, 5 s, the lab saw a kill take 10.4 s
+	// instead of 5: "received promote request" 4.95 s after pg_ctl's
+	// "server promoting". 250 ms costs a walreceiver start attempt (and a
+	// log line) four times a second while the standby has no primary.
+	WalRetrieveRetryInterval = 250 * time.Millisecond
 	// roled after Patroni's /primary turns 200: the PostgreSQL check and
 	// the active key's transaction (a query and two etcd round trips).
 	roledAct = 100 * time.Millisecond
@@ -129,8 +140,9 @@ func Arithmetic(t Timers) []Outage {
 	leaderLost := 3 * t.EtcdElection
 	decision := Step{StageDecision, patroniCycleTypical, patroniCycleWorst,
 		"the survivor's Patroni wakes on its watch of the leader key; one HA cycle takes the key"}
-	promotion := Step{StagePromotion, promoteTypical + t.FastPollInterval/2 + roledAct, promoteWorst + t.FastPollInterval + roledAct,
-		"pg_ctl promote; roled sees /primary within patroni.fast-poll-interval, checks PostgreSQL, takes the active key"}
+	promotion := Step{StagePromotion, promoteTypical + t.FastPollInterval/2 + roledAct,
+		promoteWorst + WalRetrieveRetryInterval + t.FastPollInterval + roledAct,
+		"pg_ctl promote (worst: seen after one wal_retrieve_retry_interval); roled sees /primary within patroni.fast-poll-interval, checks PostgreSQL, takes the active key"}
 	routeFast := Step{StageRouting, fastSwitch, fastSwitch + t.CheckTimeout,
 		"the balancer watches the active key and switches with one confirming check"}
 	// Without the fast path the new ACTIVE needs rise good checks.

@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/hapair/hapair/budget"
 )
 
 // Paths from this package's directory (go test runs in deploy/).
@@ -390,8 +392,8 @@ func (c *converge) rtoBudget(t *testing.T) {
 	lbc := readYAML(t, c.path("lb1", "etc/hapair/lb.yaml"))
 	app := lbc["backends"].([]any)[0].(map[string]any)
 	chk := app["check"].(map[string]any)
-	if app["hold-timeout"] != "11s" || chk["interval"] != "320ms" || chk["timeout"] != "250ms" {
-		t.Errorf("lb1: hold-timeout %v check.interval %v check.timeout %v, want 11s 320ms 250ms", app["hold-timeout"], chk["interval"], chk["timeout"])
+	if app["hold-timeout"] != "12s" || chk["interval"] != "320ms" || chk["timeout"] != "250ms" {
+		t.Errorf("lb1: hold-timeout %v check.interval %v check.timeout %v, want 12s 320ms 250ms", app["hold-timeout"], chk["interval"], chk["timeout"])
 	}
 	w := readYAML(t, c.path("witness", "etc/hapair/witness.yaml"))
 	if w["heartbeat-interval"] != "54ms" || w["election-timeout"] != "540ms" {
@@ -603,6 +605,11 @@ func (c *converge) checkRendered(t *testing.T) {
 		pg := dcs["postgresql"].(map[string]any)
 		if pg["use_pg_rewind"] != true || pg["parameters"].(map[string]any)["wal_log_hints"] != "on" {
 			t.Errorf("%s: pg_rewind/wal_log_hints not set: %v", host, pg)
+		}
+		// The budget's worst cases count one wal_retrieve_retry_interval
+		// for a promote (PostgreSQL's default is 5 s).
+		if v := pg["parameters"].(map[string]any)["wal_retrieve_retry_interval"]; v != budget.WalRetrieveRetryInterval.String() {
+			t.Errorf("%s: wal_retrieve_retry_interval = %v, want the budget's %s", host, v, budget.WalRetrieveRetryInterval)
 		}
 		hba := fmtAny(p["postgresql"].(map[string]any)["pg_hba"])
 		// 127.0.0.1: Patroni's own replication connection to its

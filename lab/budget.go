@@ -65,7 +65,7 @@ type RTOScenario struct {
 }
 
 // RTOScenarios run after Scenarios, one lab per target.
-// 6.5 s is about the lowest target the budget accepts (budget.Lowest, 6.3 s):
+// 6.5 s is the lowest target the budget accepts (budget.Lowest):
 // 5 s is refused, Patroni 3.0.2 cannot take the leader key with a
 // retry_timeout of 1 s, so ttl cannot go under 5 s.
 var RTOScenarios = []RTOScenario{

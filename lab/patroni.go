@@ -77,6 +77,8 @@ bootstrap:
         wal_keep_size: 128MB
         wal_sender_timeout: 5s
         wal_receiver_timeout: 5s
+        # A promote must not wait out PostgreSQL's 5 s default (budget.WalRetrieveRetryInterval).
+        wal_retrieve_retry_interval: %[13]s
   initdb:
     - encoding: UTF8
     - locale: C.UTF-8
@@ -104,7 +106,8 @@ postgresql:
     unix_socket_directories: %[7]s
     password_encryption: scram-sha-256
 tags: {nofailover: false, noloadbalance: false, clonefrom: false, nosync: false}
-`, Scope, host, ip, strings.Join(hosts, "\n"), proxies, dataParent, runDir, Subnet, dcs.TTL, dcs.LoopWait, dcs.RetryTimeout, syncModeLines(durability))
+`, Scope, host, ip, strings.Join(hosts, "\n"), proxies, dataParent, runDir, Subnet, dcs.TTL, dcs.LoopWait, dcs.RetryTimeout, syncModeLines(durability),
+		budget.WalRetrieveRetryInterval)
 }
 
 // syncModeLines is the bootstrap DCS part of a durability mode (Patroni's

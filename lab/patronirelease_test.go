@@ -37,8 +37,8 @@ func TestPatroniReleaseDecidesTheBudget(t *testing.T) {
 	if _, err := patroniRelease(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("patroniRelease accepted a missing executable")
 	}
-	if hold, err := checkRTO("6.5s", "3.0.2"); err != nil || hold != "11s" {
-		t.Errorf("checkRTO(6.5s, 3.0.2) = %q, %v; want 11s", hold, err)
+	if hold, err := checkRTO("6.5s", "3.0.2"); err != nil || hold != "12s" {
+		t.Errorf("checkRTO(6.5s, 3.0.2) = %q, %v; want 12s", hold, err)
 	}
 	if _, err := checkRTO("6.5s", "3.2.2"); err == nil || !strings.Contains(err.Error(), "Patroni 3.2.2") {
 		t.Errorf("checkRTO(6.5s, 3.2.2) = %v, want a refusal naming the release", err)

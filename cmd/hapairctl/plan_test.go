@@ -34,13 +34,13 @@ func writeFiles(t *testing.T, files map[string]string) []string {
 
 func TestPlanRTO(t *testing.T) {
 	code, out, errs := runCtl(t, "plan", "--rto", "6.5s")
-	if code != 0 || !strings.Contains(out, "meets rto 6.5s") || !strings.Contains(out, "kill of the primary's node: typical 5.495s, worst 8.84s") ||
-		!strings.Contains(out, "death of the primary's host (no RST): typical 7.495s, worst 10.84s\n  outside the target") {
+	if code != 0 || !strings.Contains(out, "meets rto 6.5s") || !strings.Contains(out, "kill of the primary's node: typical 5.495s, worst 9.09s") ||
+		!strings.Contains(out, "death of the primary's host (no RST): typical 7.495s, worst 11.09s\n  outside the target") {
 		t.Fatalf("plan --rto 6.5s: exit %d\n%s%s", code, out, errs)
 	}
 	code, out, _ = runCtl(t, "plan", "--rto", "6.5s", "--json")
 	var f budget.File
-	if err := json.Unmarshal([]byte(out), &f); code != 0 || err != nil || f.Patroni.TTL != 5 || len(f.Outages) != 5 || f.Outages[4].Outside == "" || f.LB.HoldTimeout != budget.Duration(11*time.Second) {
+	if err := json.Unmarshal([]byte(out), &f); code != 0 || err != nil || f.Patroni.TTL != 5 || len(f.Outages) != 5 || f.Outages[4].Outside == "" || f.LB.HoldTimeout != budget.Duration(12*time.Second) {
 		t.Fatalf("plan --json: exit %d, %v, %+v", code, err, f)
 	}
 	code, _, errs = runCtl(t, "plan", "--rto", "5s")
