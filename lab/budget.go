@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"time"
 
 	"github.com/hapair/hapair/budget"
@@ -152,6 +153,23 @@ func killAtRTO(ctx context.Context, l *Lab, r *Result, hostDeath bool) {
 	}
 	if h, err := l.etcdLeaderHost(ctx); err == nil {
 		r.note("%s: etcd's raft leader at the fault: %s's member", name, h)
+	}
+	// The fault strikes at a random moment of the old primary's keep-alive
+	// loop, as a real one does: the leader key outlives the kill by ttl
+	// minus that phase, the largest variable of the kill's median. And at
+	// least one loop after the pair was ready: the raft leadership moves to
+	// nodeb's member about then, and the new leader renews every lease for
+	// a full ttl + election-timeout (etcd's lessor Promote), so a kill
+	// before Patroni's next keep-alive met a key 0.8–1 s longer-lived (2 of
+	// 15 runs, killed 0.1–0.3 s after the move).
+	loop := rt.Running().PatroniLoopWait
+	wait := loop + time.Duration(rand.Int64N(int64(loop)))
+	r.note("%s: strikes %s after the pair was ready", name, wait.Round(time.Millisecond))
+	select {
+	case <-ctx.Done():
+		stop()
+		return
+	case <-time.After(wait):
 	}
 	t0 := time.Now()
 	err := l.KillNode(NodeA)
