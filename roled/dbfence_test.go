@@ -226,17 +226,7 @@ func TestDBFenceWantNeverBlocks(t *testing.T) {
 		mu.Unlock()
 	})
 	port := ln.Addr().(*net.TCPAddr).Port
-	f, err := newDBFence(fmt.Sprintf("host=127.0.0.1 port=%d user=postgres sslmode=disable", port),
-		FenceConfig{Roles: []string{"app"}, RetryInterval: 50 * time.Millisecond}, 300*time.Millisecond,
-		zaptest.NewLogger(t), NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	start := time.Now()
-	go func() { defer close(done); _ = f.Run(ctx, func() time.Duration { return time.Since(start) }) }()
-	t.Cleanup(func() { cancel(); <-done })
+	f, start := runFence(t, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres sslmode=disable", port), 300*time.Millisecond)
 
 	f.Want(0)
 	waitFor(t, 10*time.Second, "an attempt under way", func() bool {
@@ -283,17 +273,7 @@ func TestDBFenceLiftIsWarmAndWritesOnlyAFence(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	f, err := newDBFence(fmt.Sprintf("host=%s port=%d user=fencer dbname=postgres sslmode=disable", pg.Sock, pg.Port),
-		FenceConfig{Roles: []string{"app"}, RetryInterval: 50 * time.Millisecond}, 5*time.Second,
-		zaptest.NewLogger(t), NewMetrics(prometheus.NewRegistry()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	start := time.Now()
-	go func() { defer close(done); _ = f.Run(rctx, func() time.Duration { return time.Since(start) }) }()
-	defer func() { stop(); <-done }()
+	f, _ := runFence(t, fmt.Sprintf("host=%s port=%d user=fencer dbname=postgres sslmode=disable", pg.Sock, pg.Port), 5*time.Second)
 
 	backends := func() []int {
 		t.Helper()
@@ -324,4 +304,21 @@ func TestDBFenceLiftIsWarmAndWritesOnlyAFence(t *testing.T) {
 	if err := f.Lift(ctx); err == nil || !strings.Contains(err.Error(), "read-only transaction") {
 		t.Fatalf("Lift with app fenced, from a read-only session: %v, want the write's refusal", err)
 	}
+}
+
+// runFence runs a fence for role app on dsn (retry every 50 ms) until the
+// test ends; start is the zero of its clock.
+func runFence(t *testing.T, dsn string, timeout time.Duration) (f *dbFence, start time.Time) {
+	t.Helper()
+	f, err := newDBFence(dsn, FenceConfig{Roles: []string{"app"}, RetryInterval: 50 * time.Millisecond}, timeout,
+		zaptest.NewLogger(t), NewMetrics(prometheus.NewRegistry()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	start = time.Now()
+	go func() { defer close(done); _ = f.Run(ctx, func() time.Duration { return time.Since(start) }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return f, start
 }
