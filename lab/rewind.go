@@ -93,6 +93,11 @@ func PrimaryDiesDuringRewind(ctx context.Context, l *Lab, r *Result) {
 		r.fail("kill nodeb: %v", err)
 		return
 	}
+	// Killing every process of a host takes a while (list them, then kill):
+	// a write sent after t2 may still be acknowledged by nodeb before that
+	// ends (CI: one at +0.1 s). Writes acknowledged from here on are after
+	// the kill.
+	killed := time.Now()
 
 	// While nodeb is down: what status says, every 500 ms for 20 s.
 	var lastLine string
@@ -158,7 +163,7 @@ func PrimaryDiesDuringRewind(ctx context.Context, l *Lab, r *Result) {
 	// by then.
 	samples := pr.probe.Samples()
 	for _, s := range samples {
-		if !s.OK || s.Start.Before(t2) {
+		if !s.OK || s.Start.Before(t2) || s.End.Before(killed) {
 			continue
 		}
 		if first, ok := pr.pg.FirstOK(s.Node, t2); !ok || s.End.Before(first.Add(-time.Second)) {
