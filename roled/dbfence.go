@@ -109,8 +109,8 @@ func (f *dbFence) Lift(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	// Most transitions find no fence (a kill: the old primary was ACTIVE to
-	// the end). A read says so without a write transaction, whose commit on
-	// a just-promoted PostgreSQL took 50–100 ms of the failover in the lab.
+	// the end). A read says so without a write transaction (a catalog
+	// change and its commit on a PostgreSQL promoted a moment before).
 	// A failed read falls through to the write, which reports the error.
 	fenced, err := f.anyFenced(ctx)
 	if err != nil || fenced {
