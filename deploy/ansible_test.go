@@ -701,7 +701,7 @@ func (c *converge) checkRendered(t *testing.T) {
 	// Patroni cannot make PostgreSQL's socket directory on /run itself; a
 	// boot whose systemd-tmpfiles run failed left it missing.
 	dropin, _ := os.ReadFile(c.path("A", "etc/systemd/system/patroni.service.d/hapair.conf"))
-	if !regexp.MustCompile(`(?m)^ExecStartPre=\+/usr/bin/install -d -o postgres -g postgres -m 2775 /\S+$`).Match(dropin) {
+	if !regexp.MustCompile(`(?m)^ExecStartPre=\+/usr/bin/install -d -o \S+ -g \S+ -m 2775 /\S+$`).Match(dropin) {
 		t.Errorf("A: patroni.service.d/hapair.conf does not make the socket directory:\n%s", dropin)
 	}
 }
