@@ -945,8 +945,8 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// dumpHosts logs, on failure, each host's failed units and the hapair and
-// Patroni journals.
+// dumpHosts logs, on failure, each host's failed units with their
+// journals, and the hapair and Patroni journals.
 func dumpHosts(t *testing.T, c *Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -961,7 +961,7 @@ func dumpHosts(t *testing.T, c *Cluster) {
 			t.Logf("%s: not running; console:\n%s", n, tailFile(filepath.Join(h.dir, "console.log"), 40))
 			continue
 		}
-		out, _ := h.Exec(ctx, "sh", "-c", "systemctl --failed --no-legend --plain; journalctl --no-pager -n 80 -u 'hapair-*' -u patroni")
+		out, _ := h.Exec(ctx, "sh", "-c", FailedUnitsScript+"\njournalctl --no-pager -n 80 -u 'hapair-*' -u patroni")
 		t.Logf("%s:\n%s", n, out)
 	}
 }

@@ -33,8 +33,9 @@ type Host struct {
 	exited chan struct{} // closed when cmd has exited
 	pid1   int           // the container's systemd, as seen from here
 
-	// Degraded lists the units that had failed when the last boot ended
-	// (empty: is-system-running said running).
+	// Degraded lists the units that had failed when the last boot ended,
+	// each with the end of its journal (FailedUnitsScript; empty:
+	// is-system-running said running).
 	Degraded string
 }
 
@@ -120,8 +121,9 @@ func (h *Host) Boot(ctx context.Context, timeout time.Duration) error {
 			case "degraded":
 				// Booted, with a unit of the image failed (a container
 				// lacks some hardware a host unit expects): the boot is
-				// done; which units failed is kept for the test to show.
-				failed, _ := h.Exec(ctx, "systemctl", "--failed", "--no-legend", "--plain")
+				// done; which units failed, and why, is kept for the test
+				// to show.
+				failed, _ := h.Exec(ctx, "sh", "-c", FailedUnitsScript)
 				h.mu.Lock()
 				h.Degraded = strings.TrimSpace(failed)
 				h.mu.Unlock()
@@ -133,6 +135,17 @@ func (h *Host) Boot(ctx context.Context, timeout time.Duration) error {
 		}
 	}
 }
+
+// FailedUnitsScript, run by sh inside a host, lists its failed units and
+// the last 20 lines of this boot's journal of each: the unit's state alone
+// does not say why it failed (a boot whose systemd-tmpfiles-setup failed
+// once left PostgreSQL without its socket directory, and the state was all
+// the test kept).
+const FailedUnitsScript = `systemctl --failed --no-legend --plain
+for u in $(systemctl --failed --no-legend --plain | cut -d' ' -f1); do
+	echo "--- journal of $u"
+	journalctl -b --no-pager -n 20 -u "$u"
+done`
 
 // Running reports whether the container is up.
 func (h *Host) Running() bool {
