@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hapair/hapair/internal/proctest"
 )
 
 // TestSocketActivation runs the built binary under systemd's own
@@ -44,6 +46,7 @@ func TestSocketActivation(t *testing.T) {
 		var logs syncBuf
 		cmd := exec.Command(activate, "-l", listen, "--fdname=web", bin, "--config", path, "--fifo-reads", "off")
 		cmd.Stdout, cmd.Stderr = &logs, &logs
+		proctest.DieWithTest(cmd) // systemd-socket-activate execs hapair-lb: passed on
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hapair/hapair/internal/proctest"
 )
 
 var (
@@ -117,6 +119,7 @@ func TestReloadBinary(t *testing.T) {
 	// Go's poller alone (fifo-reads off): the in-process tests run on.
 	cmd := exec.Command(bin, "--config", path, "--fifo-reads", "off")
 	cmd.Stderr = &logs
+	proctest.DieWithTest(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

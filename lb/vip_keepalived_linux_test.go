@@ -14,6 +14,7 @@ import (
 
 	"github.com/hapair/hapair/internal/etcdtest"
 	"github.com/hapair/hapair/internal/nettest"
+	"github.com/hapair/hapair/internal/proctest"
 )
 
 // keepalivedProcess is keepalived (Debian's package) in a host's namespace,
@@ -55,6 +56,7 @@ vrrp_instance VI_1 {
 	p.cmd = exec.Command("nsenter", "--net="+h.NetnsPath(), bin, "-n", "-l", "-P", "-f", path,
 		"-p", filepath.Join(dir, "k.pid"), "-r", filepath.Join(dir, "v.pid"))
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // parent and VRRP child, signalled as a group
+	proctest.DieWithTest(p.cmd)                             // nsenter execs keepalived: passed on
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hapair/hapair/internal/etcdtest"
 	"github.com/hapair/hapair/internal/nettest"
+	"github.com/hapair/hapair/internal/proctest"
 )
 
 var pairVIP = netip.MustParseAddr("10.78.0.100")
@@ -53,6 +54,7 @@ vip:
 		t.Fatal(err)
 	}
 	p := &lbProcess{name: name, host: h, cmd: exec.Command(bin, "--config", path), logs: &syncBuf{}}
+	proctest.DieWithTest(p.cmd)
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

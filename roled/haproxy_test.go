@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hapair/hapair/internal/etcdtest"
+	"github.com/hapair/hapair/internal/proctest"
 )
 
 // startHAProxy runs Debian's haproxy with agent-checks against both roleds
@@ -49,6 +50,7 @@ backend app
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-db", "-f", path)
+	proctest.DieWithTest(cmd)
 	out := &capped{max: 64 << 10}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hapair/hapair/internal/etcdtest"
+	"github.com/hapair/hapair/internal/proctest"
 )
 
 var (
@@ -90,6 +91,7 @@ agent: {listen: "127.0.0.1:0"}
 		t.Fatal(err)
 	}
 	p := &roledProcess{cmd: exec.Command(bin, "--config", path)}
+	proctest.DieWithTest(p.cmd)
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/hapair/hapair/internal/config"
+	"github.com/hapair/hapair/internal/proctest"
 	"go.uber.org/zap"
 )
 
@@ -97,6 +98,7 @@ func (c *crashChild) start(env ...string) {
 		cmd.Env = append(cmd.Env, crashHelperEnv+"_"+e)
 	}
 	cmd.ExtraFiles = []*os.File{c.lnFile}
+	proctest.DieWithTest(cmd)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		c.t.Fatal(err)

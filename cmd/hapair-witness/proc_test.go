@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hapair/hapair/internal/proctest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"gopkg.in/yaml.v3"
@@ -174,6 +175,7 @@ func (p *proc) start() {
 	p.cmd = exec.Command(binary, "--config", p.cfgPath)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	p.cmd.Env = append(os.Environ(), p.env...)
+	proctest.DieWithTest(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		logf.Close()
 		p.t.Fatal(err)
