@@ -34,6 +34,10 @@
 #   HLB_TLS_B (fields of its TLS listener, default "tls-session-tickets: false";
 #   e.g. "engine: std, tls-session-tickets: false" for net/http's TLS path, ""
 #   for a binary older than that field) instead of HLB_TLS_OPTS (the same for A).
+# PROXY_CPUS (a taskset CPU list) pins every thread of each proxy there once it
+#   listens; with the script itself under `taskset -c 0`, wrk and the backend
+#   then share CPU 0 and each proxy has CPU 1 to itself (a diagnostic: is a
+#   difference the proxy's own, or how it shares the cores?).
 # Each round also prints p99.9 (from a wrk script that only reports; the
 #   requests stay wrk's static ones), and a per-round p99 ratio table.
 # Packages: nginx-light (or nginx), haproxy, wrk, openssl, etcd-server; Go to build.
@@ -207,6 +211,9 @@ EOF
 	esac
 	wait_port "$PROXY_ADDR"
 	wait_port "$PROXY_TLS_ADDR"
+	if [ -n "${PROXY_CPUS:-}" ] && [ -n "$PROXY_PID" ]; then
+		for p in $(pids_of "$PROXY_PID"); do taskset -a -p -c "$PROXY_CPUS" "$p" >/dev/null; done
+	fi
 }
 
 hlb_yaml() { # hlb_yaml LISTEN TLS-LISTEN EXTRA-LINES TLS-FIELDS: the hapair-lb config, alike for A and B
