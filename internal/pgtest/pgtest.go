@@ -3,9 +3,14 @@
 // the balancer's TCP routing. As root it runs the server as user postgres
 // (setpriv execs directly, as LAB.md §8 recommends); everything is stopped
 // and removed at test cleanup.
+//
+// The server runs in the foreground as this process's child, not detached
+// by pg_ctl: it is killed with the test binary however that dies (a
+// `go test -timeout`, a killed run), which would skip the cleanup.
 package pgtest
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -15,6 +20,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hapair/hapair/internal/proctest"
 )
 
 // Bin is where Debian installs PostgreSQL 15's server programs.
@@ -27,7 +35,8 @@ type Server struct {
 	Sock string // unix socket directory
 	Port int    // TCP port on 127.0.0.1 (and the socket's number)
 
-	asUser *user.User // nil: run as ourselves
+	asUser *user.User    // nil: run as ourselves
+	exited chan struct{} // of the last postmaster started; closed once reaped
 }
 
 // Require skips t when PostgreSQL 15 cannot be run here.
@@ -99,12 +108,16 @@ func (s *Server) chown(path string) error {
 }
 
 // cmd prepares a PostgreSQL program, as postgres via setpriv when root.
-func (s *Server) cmd(bin string, args ...string) *exec.Cmd {
+func (s *Server) cmd(bin string, args ...string) *exec.Cmd { return s.command(bin, nil, args...) }
+
+// command is cmd with extra setpriv options (used when root only).
+func (s *Server) command(bin string, setprivOpts []string, args ...string) *exec.Cmd {
 	path := filepath.Join(Bin, bin)
 	if s.asUser == nil {
 		return exec.Command(path, args...)
 	}
-	full := append([]string{"--reuid=postgres", "--regid=postgres", "--init-groups", path}, args...)
+	full := append(append([]string{"--reuid=postgres", "--regid=postgres", "--init-groups"}, setprivOpts...), path)
+	full = append(full, args...)
 	c := exec.Command("setpriv", full...)
 	c.Env = []string{"HOME=" + s.asUser.HomeDir, "USER=postgres", "LOGNAME=postgres", "PATH=/usr/bin:/bin", "LANG=C.UTF-8"}
 	return c
@@ -128,13 +141,78 @@ func (s *Server) Start() error {
 				return err
 			}
 		}
-		opts := fmt.Sprintf("-k %s -p %d -c listen_addresses=127.0.0.1 -c fsync=off -c shared_buffers=16MB -c max_connections=30", s.Sock, s.Port)
-		err = s.Run("pg_ctl", "-D", s.Data, "-o", opts, "-l", filepath.Join(s.Dir, "log"), "-w", "-t", "60", "start")
+		err = s.startOnce()
 		if err == nil || !s.portTaken() {
 			return err
 		}
 	}
 	return err
+}
+
+// startOnce runs the postmaster as a child that dies with the test binary
+// (proctest; setpriv sets the signal again after it changes user, which
+// clears it) and waits, as pg_ctl -w does, for postmaster.pid to say ready
+// (or standby, for a server in recovery).
+func (s *Server) startOnce() error {
+	logf, err := os.OpenFile(filepath.Join(s.Dir, "log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer logf.Close() // the child has its own copy
+	cmd := s.command("postgres", []string{"--pdeathsig=KILL"}, "-D", s.Data, "-k", s.Sock, "-p", strconv.Itoa(s.Port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "shared_buffers=16MB", "-c", "max_connections=30")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	proctest.DieWithTest(cmd)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	s.exited = exited
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(60 * time.Second)
+	for {
+		if s.ready(cmd.Process.Pid) {
+			return nil
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("postgres exited before it was ready (log %s):\n%s", filepath.Join(s.Dir, "log"), s.logTail())
+		case <-deadline:
+			_ = cmd.Process.Kill()
+			<-exited
+			return errors.New("postgres not ready after 60s:\n" + s.logTail())
+		case <-tick.C:
+		}
+	}
+}
+
+// ready reads postmaster.pid: written by pid (setpriv execs postgres, so
+// the same process; a file left by a killed server names another) and its
+// status line, the 8th, ready or standby.
+func (s *Server) ready(pid int) bool {
+	b, err := os.ReadFile(filepath.Join(s.Data, "postmaster.pid"))
+	if err != nil {
+		return false
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) < 8 || strings.TrimSpace(lines[0]) != strconv.Itoa(pid) {
+		return false
+	}
+	st := strings.TrimSpace(lines[7])
+	return st == "ready" || st == "standby"
+}
+
+func (s *Server) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(s.Dir, "log"))
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
 }
 
 // portTaken reports whether the last start failed to bind its port.
@@ -143,8 +221,22 @@ func (s *Server) portTaken() bool {
 	return strings.Contains(string(b), "could not bind")
 }
 
-// Stop stops the server (fast shutdown) and waits for it.
-func (s *Server) Stop() error { return s.Run("pg_ctl", "-D", s.Data, "-m", "fast", "-w", "stop") }
+// Stop stops the server (fast shutdown) and waits for it to exit.
+func (s *Server) Stop() error {
+	if err := s.Run("pg_ctl", "-D", s.Data, "-m", "fast", "-w", "stop"); err != nil {
+		return err
+	}
+	if s.exited != nil {
+		// pg_ctl saw postmaster.pid go, which the postmaster removes as it
+		// exits; a bound, not a timing.
+		select {
+		case <-s.exited:
+		case <-time.After(60 * time.Second):
+			return errors.New("postgres still running 60s after pg_ctl stop")
+		}
+	}
+	return nil
+}
 
 // Standby makes the next Start come up in recovery.
 func (s *Server) Standby() error {
